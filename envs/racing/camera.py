@@ -1,0 +1,210 @@
+"""Cameras: `(N, 1, 120, 160)` uint8 grayscale frames, exactly what the car's front camera would deliver.
+
+`ProjectiveCamera` is a batched torch ray caster. Every pixel's ray is fixed in the car frame (the camera is rigidly
+mounted), so the ground point a pixel sees is precomputed once; per frame, one batched affine map plus one
+`grid_sample` gives the ground. Barriers are found by sphere tracing a 2-D distance field along one ray per azimuth
+bin; a pixel shows the wall when its ray reaches the wall's horizontal distance before the ground and below the wall
+top. Above the horizon is a room panorama indexed by world azimuth. Pinhole and equidistant fisheye lenses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from envs.errors import ConfigError, check_range
+from envs.racing.randomization import VisualSample
+from envs.racing.track_texture import SceneConfig, TrackScene
+
+IMAGE_HEIGHT, IMAGE_WIDTH = 120, 160
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    """Calibrated camera mount and lens (DeepRacer: one front camera, 15° down, wide lens, 160x120 after resize)."""
+
+    height: float = 0.10
+    """lens height above the ground (m)"""
+    forward: float = 0.08
+    """lens position ahead of the centre of gravity (m)"""
+    pitch_deg: float = 15.0
+    """downward tilt (degrees)"""
+    hfov_deg: float = 120.0
+    """horizontal field of view (degrees)"""
+    lens: Literal["pinhole", "fisheye"] = "pinhole"
+    """pinhole, or equidistant fisheye (angle from the axis proportional to pixel radius)"""
+    width: int = IMAGE_WIDTH
+    """image width (px)"""
+    height_px: int = IMAGE_HEIGHT
+    """image height (px)"""
+    wall_bins: int = 320
+    """azimuth bins for barrier ray casting"""
+    march_steps: int = 24
+    """sphere-tracing iterations per barrier ray"""
+    max_distance: float = 12.0
+    """barrier rays stop here (m)"""
+
+    def __post_init__(self) -> None:
+        check_range("camera.height", self.height, 0.01, 2.0)
+        check_range("camera.forward", self.forward, -0.5, 0.5)
+        check_range("camera.pitch_deg", self.pitch_deg, -45.0, 80.0)
+        limit = 170.0 if self.lens == "fisheye" else 150.0
+        check_range("camera.hfov_deg", self.hfov_deg, 10.0, limit)
+        if self.lens not in ("pinhole", "fisheye"):
+            raise ConfigError(f"camera.lens={self.lens!r}; use 'pinhole' or 'fisheye'")
+        check_range("camera.width", self.width, 8, 4096)
+        check_range("camera.height_px", self.height_px, 8, 4096)
+        check_range("camera.wall_bins", self.wall_bins, 8, 4096)
+        check_range("camera.march_steps", self.march_steps, 1, 256)
+
+
+def pixel_rays(cfg: CameraConfig) -> Tensor:
+    """Unit ray per pixel in the car frame (+x forward, +y left, +z up): `(H, W, 3)`."""
+    w, h = cfg.width, cfg.height_px
+    u = torch.arange(w, dtype=torch.float64) + 0.5 - w / 2.0
+    v = torch.arange(h, dtype=torch.float64) + 0.5 - h / 2.0
+    vv, uu = torch.meshgrid(v, u, indexing="ij")  # image coordinates: u right, v down, from the centre
+    half_fov = math.radians(cfg.hfov_deg) / 2.0
+    if cfg.lens == "pinhole":
+        f = (w / 2.0) / math.tan(half_fov)
+        right, down, fwd = uu / f, vv / f, torch.ones_like(uu)
+    else:
+        f = (w / 2.0) / half_fov  # equidistant: theta = r / f
+        r = torch.sqrt(uu**2 + vv**2).clamp(min=1e-9)
+        theta = r / f
+        right, down, fwd = torch.sin(theta) * uu / r, torch.sin(theta) * vv / r, torch.cos(theta)
+    p = math.radians(cfg.pitch_deg)
+    # Camera axes in the car frame after pitching down by p: forward (cos p, 0, -sin p), right (0, -1, 0),
+    # down (-sin p, 0, -cos p).
+    x = fwd * math.cos(p) - down * math.sin(p)
+    y = -right
+    z = -fwd * math.sin(p) - down * math.cos(p)
+    rays = torch.stack([x, y, z], dim=-1)
+    return (rays / rays.norm(dim=-1, keepdim=True)).float()
+
+
+def project_point(cfg: CameraConfig, point_car: tuple[float, float, float]) -> tuple[float, float]:
+    """Pinhole projection of a car-frame point to (column, row) pixel coordinates; the inverse of `pixel_rays`."""
+    if cfg.lens != "pinhole":
+        raise ConfigError("project_point supports the pinhole lens only")
+    px, py, pz = point_car[0] - cfg.forward, point_car[1], point_car[2] - cfg.height
+    p = math.radians(cfg.pitch_deg)
+    fwd = px * math.cos(p) - pz * math.sin(p)
+    down = -px * math.sin(p) - pz * math.cos(p)
+    right = -py
+    f = (cfg.width / 2.0) / math.tan(math.radians(cfg.hfov_deg) / 2.0)
+    return cfg.width / 2.0 + f * right / fwd, cfg.height_px / 2.0 + f * down / fwd
+
+
+class ProjectiveCamera:
+    """Batched torch renderer of the track scene from N car poses.
+
+    Internally images are pixel-major `(P, N)` so per-pixel tables broadcast along rows and per-azimuth values
+    spread to pixels by row gathers; one transpose at the end gives `(N, 1, H, W)`.
+    """
+
+    name = "projective"
+
+    def __init__(self, scene: TrackScene, cfg: CameraConfig, device: str | torch.device = "cpu") -> None:
+        self.scene, self.cfg, self.device = scene, cfg, torch.device(device)
+        rays = pixel_rays(cfg).to(self.device).reshape(-1, 3)  # (P, 3)
+        horiz = torch.hypot(rays[:, 0], rays[:, 1]).clamp(min=1e-6)
+        down = rays[:, 2] < -1e-6
+        slope = rays[:, 2] / horiz  # height change per horizontal metre
+        ground_dist = torch.where(down, cfg.height / (-slope).clamp(min=1e-9), torch.inf)  # horizontal distance
+        self.ground_idx = down.nonzero(as_tuple=True)[0]  # pixels that see the ground
+        self.sky_idx = (~down).nonzero(as_tuple=True)[0]
+        gxy = torch.stack([rays[:, 0], rays[:, 1]], -1) / horiz[:, None] * ground_dist.clamp(max=1e3)[:, None]
+        gxy = gxy[self.ground_idx]
+        gxy[:, 0] += cfg.forward
+        self.ground_h = torch.cat([gxy, torch.ones_like(gxy[:, :1])], dim=1)  # (Pg, 3) homogeneous car-frame points
+        # A barrier at horizontal distance D is visible in a pixel when wall_near <= D < wall_far.
+        wall_h = scene.cfg.wall_height
+        rise = wall_h - cfg.height
+        far_up = torch.where(slope > 1e-9, rise / slope.clamp(min=1e-9), torch.inf if rise >= 0 else 0.0)
+        self.wall_far = torch.where(down, ground_dist, far_up)[:, None]  # (P, 1)
+        near = torch.where(down & (rise < 0), -rise / (-slope).clamp(min=1e-9), 0.0)
+        self.wall_near = near[:, None] if rise < 0 else None
+        azimuth = torch.atan2(rays[:, 1], rays[:, 0])
+        lo, hi = float(azimuth.min()), float(azimuth.max())
+        self.bin_azimuth = torch.linspace(lo, hi, cfg.wall_bins, device=self.device)  # (B,)
+        self.pixel_bin = ((azimuth - lo) / max(hi - lo, 1e-9) * (cfg.wall_bins - 1)).round().long()  # (P,)
+        self.sky_shade = (1.0 - 0.25 * rays[self.sky_idx, 2].clamp(min=0.0))[:, None]  # (Ps, 1)
+
+    # --------------------------------------------------------------------------------------------------- walls
+    def _wall_distance(self, cam_x: Tensor, cam_y: Tensor, yaw: Tensor) -> tuple[Tensor, Tensor]:
+        """Horizontal distance `(B, N)` to the barrier along each azimuth bin (inf if none) and hit points."""
+        cfg, scene = self.cfg, self.scene
+        ang = self.bin_azimuth[:, None] + yaw[None, :]  # (B, N)
+        dx, dy = torch.cos(ang), torch.sin(ang)
+        # Grid coordinates are affine in t: g(t) = g0 + t * gd, so each iteration is one fused multiply-add.
+        scale = torch.as_tensor(2.0 / scene.extent, dtype=dx.dtype, device=self.device)
+        g0 = scene.to_grid(torch.stack([cam_x, cam_y], -1))[None, :, :].expand(ang.shape[0], -1, -1)  # (B, N, 2)
+        gd = torch.stack([dx, dy], -1) * scale
+        t = torch.zeros(ang.shape, device=self.device)
+        eps = 0.5 * scene.cfg.texel
+        d = torch.zeros_like(t)  # first iteration: t stays 0 and d is sampled at the camera
+        for _ in range(cfg.march_steps):
+            t = t + torch.where(d > eps, d, 0.0)  # rays that reached the barrier stay there
+            grid = torch.addcmul(g0, t.unsqueeze(-1), gd)
+            d = F.grid_sample(scene.wall_sdf, grid.reshape(1, -1, 1, 2), padding_mode="border", align_corners=False)
+            d = d.reshape(t.shape)
+        hit = (d <= 4 * eps) & (t < cfg.max_distance)
+        hx = cam_x[None, :] + t * dx
+        hy = cam_y[None, :] + t * dy
+        return torch.where(hit, t, torch.inf), torch.stack([hx, hy], -1)
+
+    # -------------------------------------------------------------------------------------------------- render
+    @torch.no_grad()
+    def render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
+        """Frames `(N, 1, H, W)` uint8 from car poses `(N,)` (centre of gravity, world frame)."""
+        n, cfg, scene, v = x.shape[0], self.cfg, self.scene, visuals
+        c, s = torch.cos(yaw), torch.sin(yaw)
+        # Car-frame ground points (gx, gy, 1) -> grid coordinates with one GEMM: (Pg, 3) @ (3, N * 2).
+        sx, sy = 2.0 / float(scene.extent[0]), 2.0 / float(scene.extent[1])
+        ox, oy = float(scene.origin[0]), float(scene.origin[1])
+        m = torch.stack(
+            [
+                torch.stack([c * sx, s * sy], -1),
+                torch.stack([-s * sx, c * sy], -1),
+                torch.stack([(x - ox) * sx - 1.0, (y - oy) * sy - 1.0], -1),
+            ],
+            dim=0,
+        )  # (3, N, 2)
+        grid = torch.mm(self.ground_h, m.reshape(3, n * 2)).reshape(1, -1, n, 2)  # (1, Pg, N, 2)
+        tex = F.grid_sample(scene.texture, grid, align_corners=False)[0]  # (2, Pg, N)
+        ground = torch.addcmul(v.ground, tex[0], v.asphalt - v.ground)
+        ground = torch.addcmul(ground, tex[1], v.line - v.asphalt)
+
+        # Background: room panorama by world azimuth per bin, spread to the sky pixels.
+        pano = scene.panorama
+        world_az = torch.remainder(self.bin_azimuth[:, None] + yaw[None, :], 2 * math.pi)
+        sky_bins = pano[(world_az * (pano.shape[0] / (2 * math.pi))).long().clamp(max=pano.shape[0] - 1)] * v.sky
+        luma = torch.empty(self.pixel_bin.shape[0], n, device=self.device)
+        luma[self.ground_idx] = ground
+        luma[self.sky_idx] = sky_bins[self.pixel_bin[self.sky_idx]] * self.sky_shade
+
+        if scene.cfg.walls:
+            cam_x, cam_y = x + cfg.forward * c, y + cfg.forward * s
+            dist, hit_xy = self._wall_distance(cam_x, cam_y, yaw)  # (B, N)
+            stripe = torch.remainder(torch.floor((hit_xy[..., 0] + hit_xy[..., 1]) / 0.3), 2.0)
+            wall = v.wall * (0.88 + 0.24 * stripe)  # (B, N)
+            d_pix = dist[self.pixel_bin]  # (P, N)
+            visible = d_pix < self.wall_far
+            if self.wall_near is not None:
+                visible &= d_pix >= self.wall_near
+            luma = torch.where(visible, wall[self.pixel_bin], luma)
+
+        frames = (luma * v.brightness).clamp_(0.0, 255.0).to(torch.uint8)
+        return frames.t().reshape(n, 1, cfg.height_px, cfg.width)
+
+
+def make_camera(kind: str, scene: TrackScene, cfg: CameraConfig, device: str | torch.device) -> ProjectiveCamera:
+    if kind == "projective":
+        return ProjectiveCamera(scene, cfg, device)
+    raise ConfigError(f"env.camera={kind!r}; available: 'projective' (and 'none' to switch the camera off)")
