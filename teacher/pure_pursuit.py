@@ -95,5 +95,7 @@ class PurePursuitDriver:
         best_steer = d_steer.min(dim=1, keepdim=True).values
         steer_ok = d_steer <= best_steer + 1e-6
         speed_ok = table[None, :, 1] <= speed[:, None] + 1e-6
-        score = table[None, :, 1] + 100.0 * (steer_ok & speed_ok) - 1000.0 * ~steer_ok - table[None, :, 1] * 2 * ~speed_ok
+        score = (
+            table[None, :, 1] + 100.0 * (steer_ok & speed_ok) - 1000.0 * ~steer_ok - table[None, :, 1] * 2 * ~speed_ok
+        )
         return score.argmax(dim=1, keepdim=True).float()

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from envs.errors import ConfigError, check_range
 from envs.racing.randomization import VisualSample
-from envs.racing.track_texture import SceneConfig, TrackScene
+from envs.racing.track_texture import TrackScene
 
 IMAGE_HEIGHT, IMAGE_WIDTH = 120, 160
 

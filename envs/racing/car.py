@@ -7,6 +7,7 @@ values through measured steering angles and speeds). Physics then follows the ca
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -185,7 +186,9 @@ class ActionSpace:
             return cls(kind="discrete", choices=tuple(choices))
         if kind == "continuous":
             if not isinstance(space, dict) or set(space) != {"steering_angle", "speed"}:
-                raise ActionSpaceError(f"{source}: continuous 'action_space' needs exactly 'steering_angle' and 'speed'")
+                raise ActionSpaceError(
+                    f"{source}: continuous 'action_space' needs exactly 'steering_angle' and 'speed'"
+                )
             boxes = []
             for key in ("steering_angle", "speed"):
                 box = space[key]
@@ -238,11 +241,15 @@ def validate_action_space(
             if abs(angle) > lim + 1e-9:
                 raise ActionSpaceError(f"{source}: action {i} steering_angle {angle} is outside ±{lim}°")
             if not (spec.min_speed - 1e-9 <= speed <= spec.max_speed + 1e-9):
-                raise ActionSpaceError(f"{source}: action {i} speed {speed} is outside [{spec.min_speed}, {spec.max_speed}]")
+                raise ActionSpaceError(
+                    f"{source}: action {i} speed {speed} is outside [{spec.min_speed}, {spec.max_speed}]"
+                )
     elif kind == "continuous":
         lo, hi = steering_range
         if not (-lim - 1e-9 <= lo < hi <= lim + 1e-9):
-            raise ActionSpaceError(f"{source}: steering_angle box [{lo}, {hi}] must satisfy -{lim} <= low < high <= {lim}")
+            raise ActionSpaceError(
+                f"{source}: steering_angle box [{lo}, {hi}] must satisfy -{lim} <= low < high <= {lim}"
+            )
         lo, hi = speed_range
         if not (spec.min_speed - 1e-9 <= lo < hi <= spec.max_speed + 1e-9):
             raise ActionSpaceError(
@@ -274,7 +281,9 @@ def load_action_space(spec: str) -> ActionSpace:
         return ACTION_SPACES[spec]
     if spec.endswith(".json"):
         return ActionSpace.load(spec)
-    raise ConfigError(f"unknown action space {spec!r}; use one of {sorted(ACTION_SPACES)} or a model_metadata.json path")
+    raise ConfigError(
+        f"unknown action space {spec!r}; use one of {sorted(ACTION_SPACES)} or a model_metadata.json path"
+    )
 
 
 @dataclass(frozen=True)
@@ -296,7 +305,7 @@ class Calibration:
             cmd, meas = getattr(self, f"{name}_command"), getattr(self, f"{name}_measured")
             if len(cmd) < 2 or len(cmd) != len(meas):
                 raise ActionSpaceError(f"{self.source}: {name} needs >= 2 command/measured pairs of equal length")
-            if any(b <= a for a, b in zip(cmd, cmd[1:])):
+            if any(b <= a for a, b in itertools.pairwise(cmd)):
                 raise ActionSpaceError(f"{self.source}: {name}.command must be strictly increasing")
             if not all(math.isfinite(v) for v in (*cmd, *meas)):
                 raise ActionSpaceError(f"{self.source}: {name} has a non-finite value")

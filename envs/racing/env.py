@@ -10,15 +10,18 @@ per-episode metrics of the envs that finished this step.
 from __future__ import annotations
 
 import math
+
 import torch
 from tensordict import TensorDict
 from torch import Tensor
 
 from envs.errors import ConfigError
+from envs.jit import maybe_compile
 from envs.racing.builtin_tracks import load_track
 from envs.racing.camera import make_camera
 from envs.racing.car import Calibration, load_action_space
 from envs.racing.config import EnvConfig
+from envs.racing.deepracer_reward import DeepRacerParams, evaluate_reward_function, load_reward_function
 from envs.racing.effects import DelayLine, action_noise
 from envs.racing.observations import imu_reading, teacher_observation
 from envs.racing.physics_bicycle import BicyclePhysics, CarParams, CarState
@@ -37,7 +40,7 @@ from envs.racing.track_texture import TrackScene
 
 def make_physics(cfg: EnvConfig, device: torch.device, track=None):
     if cfg.physics == "bicycle":
-        return BicyclePhysics(cfg.num_envs, cfg.car, cfg.dt_physics, device)
+        return BicyclePhysics(cfg.num_envs, cfg.car, cfg.dt_physics, device, compile=cfg.compile)
     from envs.racing.physics_genesis import GenesisPhysics  # imported lazily: genesis is slow to import
 
     return GenesisPhysics(cfg, device, track=track)
@@ -70,6 +73,13 @@ class RacingEnv:
             mu=1.0, a_accel=cfg.car.max_accel, a_brake=cfg.car.max_brake, v_max=self.max_speed
         )
         self.physics = make_physics(cfg, self.device, self.track)
+        # Full-batch hot paths (fixed shapes, so each compiles once); resets use the eager functions.
+        self._project_all = maybe_compile(self.track.project, cfg.compile)
+        self._teacher_obs = maybe_compile(teacher_observation, cfg.compile)
+        self._user_reward = None
+        if cfg.reward.deepracer_function:
+            self._user_reward = load_reward_function(cfg.reward.deepracer_function)
+            self._deepracer_params = DeepRacerParams(self.track)
         self.scene = TrackScene(self.track, cfg.scene, self.device) if cfg.camera != "none" else None
         self.camera = self._make_camera() if cfg.camera != "none" else None
         self._allocate()
@@ -115,7 +125,16 @@ class RacingEnv:
         self._obs = self._observe()
         return self._obs, {}
 
-    def _reset_idx(self, env_ids: Tensor, first: bool = False) -> None:
+    def reset_to(self, env_ids: Tensor, start: Tensor, direction: Tensor) -> TensorDict:
+        """Start new episodes for `env_ids` at lap fractions `start` `(M,)` driving `direction` `(M,)` (+1/-1), on the
+        centerline; the world is randomized as configured. For evaluation with fixed start points."""
+        self._reset_idx(env_ids, start=start * self.track.length, direction=direction)
+        self._obs = self._observe()
+        return self._obs
+
+    def _reset_idx(
+        self, env_ids: Tensor, first: bool = False, start: Tensor | None = None, direction: Tensor | None = None
+    ) -> None:
         """Start new episodes for `env_ids` (long `(M,)`); every other env keeps its state untouched."""
         cfg, rnd, dev = self.cfg, self.cfg.randomization, self.device
         m = env_ids.numel()
@@ -124,17 +143,22 @@ class RacingEnv:
         visuals = sample_visuals(rnd, m, self.generator, dev)
         for name in ("asphalt", "line", "ground", "wall", "sky", "brightness"):
             getattr(self.visuals, name)[env_ids] = getattr(visuals, name)
-        self.direction[env_ids] = sample_directions(rnd, self.direction[env_ids], self.generator, first=first)
+        if direction is None:
+            direction = sample_directions(rnd, self.direction[env_ids], self.generator, first=first)
+        self.direction[env_ids] = direction.to(self.direction.dtype)
         direction = self.direction[env_ids]
 
-        if rnd.random_start:
+        random_start = rnd.random_start and start is None
+        if start is not None:
+            s0 = start.to(dev, torch.float32)
+        elif rnd.random_start:
             s0 = uniform(0.0, self.track.length, m, self.generator, dev)
         else:
             fractions = torch.tensor(cfg.start_points, device=dev)[self.start_index[env_ids]]
             s0 = fractions * self.track.length
         xy, tangent, half_width = self.track.interpolate(s0)
         heading = tangent + torch.where(direction < 0, math.pi, 0.0)
-        if rnd.random_start:
+        if random_start:
             lateral = uniform(-1.0, 1.0, m, self.generator, dev) * rnd.start_offset_frac * half_width
             heading = heading + uniform(-1.0, 1.0, m, self.generator, dev) * math.radians(rnd.start_heading_deg)
             normal = torch.stack([-torch.sin(tangent), torch.cos(tangent)], -1)
@@ -143,7 +167,7 @@ class RacingEnv:
         self.physics.reset(env_ids, xy[:, 0], xy[:, 1], heading, torch.zeros(m, device=dev))
         self.physics.set_params(self.world.params, env_ids)
 
-        seg0 = (s0 / self.track.ds).long().clamp(0, self.track.num_points - 1)
+        seg0 = (torch.remainder(s0, self.track.length) / self.track.ds).long().clamp(0, self.track.num_points - 1)
         proj = self.track.project(xy, heading, hint=seg0, window=2)
         if first:
             self._proj = proj
@@ -173,6 +197,7 @@ class RacingEnv:
     def step(self, actions: Tensor) -> tuple[TensorDict, Tensor, Tensor, dict]:
         cfg, dev = self.cfg, self.device
         steer, speed = self.commands(actions)
+        steer_cmd, speed_cmd = steer, speed
         action_obs = self.action_space.normalized(steer, speed, cfg.car.max_steering)
         if cfg.randomization.action_noise:
             steer, speed = action_noise(steer, speed, self.world.action_noise, cfg.car.max_steering, self.generator)
@@ -182,10 +207,11 @@ class RacingEnv:
             self.action_delay.push(command)
             delayed = self.action_delay.read(self.world.action_latency)
             state = self.physics.step(delayed[:, 0], delayed[:, 1])
-            self.pose_delay.push(torch.stack([state.x, state.y, state.yaw], dim=-1))
+            if self.camera is not None:  # the camera sees the pose of `camera_latency` substeps ago
+                self.pose_delay.push(torch.stack([state.x, state.y, state.yaw], dim=-1))
 
         state = self.physics.state
-        proj = self.track.project(torch.stack([state.x, state.y], -1), state.yaw, hint=self.segment)
+        proj = self._project_all(torch.stack([state.x, state.y], -1), state.yaw, hint=self.segment)
         self._proj = proj
         half_len = 0.5 * self.track.length
         delta = torch.remainder(proj.s - self.s + half_len, self.track.length) - half_len
@@ -214,6 +240,12 @@ class RacingEnv:
             cfg.reward, delta, offset, proj.half_width, state.speed, offtrack,
             action_obs[:, 0], self.prev_action[:, 0], self.max_speed, cfg.dt,
         )  # fmt: skip
+        if self._user_reward is not None:
+            params = self._deepracer_params.build(
+                state.x, state.y, state.yaw, proj.s, offset, proj.half_width, self.travel, self.direction,
+                steer_cmd, speed_cmd, self.episode_length_buf, 0.5 * cfg.car.track_width,
+            )  # fmt: skip
+            rewards = evaluate_reward_function(self._user_reward, params).to(dev)
         self.prev_action = action_obs
         # Body-frame specific force for the IMU: d(v)/dt plus the centripetal term.
         vel = torch.stack([state.vx, state.vy], -1)
@@ -224,6 +256,7 @@ class RacingEnv:
         extras = {"time_outs": truncated, "log": self._episode_log(dones, offtrack, new_lap, lap_time)}
         extras["terminated"], extras["offtrack"], extras["new_lap"] = terminated, offtrack, new_lap
         extras["lap_time"] = lap_time
+        extras["laps_done"], extras["episode_travel"] = self.laps.clone(), self.travel.clone()  # before auto-reset
         done_ids = dones.nonzero(as_tuple=True)[0]
         if done_ids.numel() > 0:
             self._reset_idx(done_ids)
@@ -262,7 +295,7 @@ class RacingEnv:
         cfg, state = self.cfg, self.physics.state
         offset, heading_err, half_width = self.travel_frame()
         groups = {
-            "teacher": teacher_observation(
+            "teacher": self._teacher_obs(
                 self.track, state, self.s, self.direction, offset, heading_err, half_width, self.prev_action,
                 cfg.obs, cfg.car, self.max_speed,
             ),

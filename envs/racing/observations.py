@@ -9,7 +9,17 @@ from envs.racing.car import CarSpec
 from envs.racing.physics_bicycle import CarState
 from envs.racing.track import Track
 
-TEACHER_FIELDS = ("lookahead_xy", "offset", "heading_sin", "heading_cos", "vx", "vy", "yaw_rate", "steer", "prev_action")
+TEACHER_FIELDS = (
+    "lookahead_xy",
+    "offset",
+    "heading_sin",
+    "heading_cos",
+    "vx",
+    "vy",
+    "yaw_rate",
+    "steer",
+    "prev_action",
+)
 """layout of the `teacher` group (lookahead first: 2 * K values, then one each, previous action last: 2)"""
 
 

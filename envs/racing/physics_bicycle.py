@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from envs.jit import maybe_compile
 from envs.racing.car import CarSpec
 
 GRAVITY = 9.81
@@ -149,8 +150,11 @@ class BicyclePhysics:
 
     name = "bicycle"
 
-    def __init__(self, num_envs: int, spec: CarSpec, dt: float, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, num_envs: int, spec: CarSpec, dt: float, device: str | torch.device = "cpu", compile: bool = False
+    ) -> None:
         self.num_envs, self.spec, self.dt, self.device = num_envs, spec, dt, torch.device(device)
+        self._step = maybe_compile(bicycle_step, compile)
         self.state = CarState.zeros(num_envs, self.device)
         self.params = CarParams.nominal(num_envs, self.device)
 
@@ -169,5 +173,5 @@ class BicyclePhysics:
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         """One physics substep from commanded (post-latency) steering and speed."""
         steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)
-        self.state = bicycle_step(self.state, steer_t, speed_t, self.params, self.spec, self.dt)
+        self.state = self._step(self.state, steer_t, speed_t, self.params, self.spec, self.dt)
         return self.state

@@ -174,7 +174,9 @@ def env_factors(world: WorldSample, dt_physics: float) -> Tensor:
         "action_noise": world.action_noise,
         "battery": world.battery,
     }
-    cols = [2.0 * (raw[k] - FACTOR_BOUNDS[k][0]) / (FACTOR_BOUNDS[k][1] - FACTOR_BOUNDS[k][0]) - 1.0 for k in FACTOR_NAMES]
+    cols = [
+        2.0 * (raw[k] - FACTOR_BOUNDS[k][0]) / (FACTOR_BOUNDS[k][1] - FACTOR_BOUNDS[k][0]) - 1.0 for k in FACTOR_NAMES
+    ]
     return torch.stack(cols, dim=-1)
 
 
@@ -223,7 +225,5 @@ def sample_visuals(cfg: RandomizationConfig, n: int, generator: torch.Generator,
         return nominal * uniform(1.0 - j, 1.0 + j, n, generator, device)
 
     lumas = {k: jitter(v) for k, v in NOMINAL_LUMA.items()}
-    bright = (
-        uniform(*cfg.brightness_range, n, generator, device) if cfg.visual else torch.ones(n, device=device)
-    )
+    bright = uniform(*cfg.brightness_range, n, generator, device) if cfg.visual else torch.ones(n, device=device)
     return VisualSample(**lumas, brightness=bright)

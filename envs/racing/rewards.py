@@ -24,6 +24,9 @@ class RewardConfig:
     """reward on the step the car leaves the track"""
     steering_rate: float = 0.0
     """weight of the squared change of the normalized steering command (smoothness)"""
+    deepracer_function: str = ""
+    """path to a DeepRacer console reward file (`def reward_function(params)`); when set it replaces the terms
+    above, run unchanged once per env and step (slow: for porting and checking reward functions)"""
 
     def __post_init__(self) -> None:
         for name in ("centerline", "progress", "speed", "steering_rate"):

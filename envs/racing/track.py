@@ -113,9 +113,7 @@ def _catmull_rom_closed(points: np.ndarray, values: np.ndarray, samples: int) ->
     return curve.reshape(-1, 2), vals.reshape(-1)
 
 
-def _resample_uniform(
-    points: np.ndarray, values: np.ndarray, spacing: float
-) -> tuple[np.ndarray, np.ndarray, float]:
+def _resample_uniform(points: np.ndarray, values: np.ndarray, spacing: float) -> tuple[np.ndarray, np.ndarray, float]:
     """Points equally spaced in arc length along a (densely sampled) closed curve, and the curve's length."""
     seg = np.linalg.norm(np.roll(points, -1, axis=0) - points, axis=1)
     cum = np.concatenate([[0.0], np.cumsum(seg)])
@@ -182,10 +180,14 @@ class Track:
         t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32), device=self.device)  # noqa: E731
         hw = 0.5 * widths
         # Segment geometry for projection: x, y, dx, dy, 1 / |d|^2.
-        self.seg_table = t(np.stack([dense[:, 0], dense[:, 1], seg[:, 0], seg[:, 1], 1 / np.maximum(seg_len**2, 1e-12)], 1))
+        self.seg_table = t(
+            np.stack([dense[:, 0], dense[:, 1], seg[:, 0], seg[:, 1], 1 / np.maximum(seg_len**2, 1e-12)], 1)
+        )
         # Per-vertex values and their increments to the next vertex, for linear interpolation along s.
         self.interp_table = t(
-            np.stack([dense[:, 0], dense[:, 1], seg[:, 0], seg[:, 1], vertex_heading, d_heading, hw, np.roll(hw, -1) - hw], 1)
+            np.stack(
+                [dense[:, 0], dense[:, 1], seg[:, 0], seg[:, 1], vertex_heading, d_heading, hw, np.roll(hw, -1) - hw], 1
+            )
         )
         self.xy = t(dense)  # (K, 2)
         self.seg_vec = t(seg)
@@ -194,7 +196,6 @@ class Track:
         self.vertex_heading = t(vertex_heading)
         self.half_width = t(hw)
         self.curvature = t(kappa)
-        self._windows: dict[int, Tensor] = {}
 
     @property
     def num_points(self) -> int:
@@ -249,9 +250,8 @@ class Track:
         """
         if hint is None:
             hint, window = self.nearest_segment(xy), 1
-        if window not in self._windows:
-            self._windows[window] = torch.arange(-window, window + 1, device=self.device)
-        cand = torch.remainder(hint[:, None] + self._windows[window], self.num_points)  # (N, W)
+        offsets = torch.arange(-window, window + 1, device=xy.device)
+        cand = torch.remainder(hint[:, None] + offsets, self.num_points)  # (N, W)
         geo = self.seg_table[cand]  # (N, W, 5)
         rx, ry = xy[:, 0:1] - geo[..., 0], xy[:, 1:2] - geo[..., 1]
         t = ((rx * geo[..., 2] + ry * geo[..., 3]) * geo[..., 4]).clamp_(0.0, 1.0)
@@ -268,7 +268,9 @@ class Track:
         s = (seg.to(t.dtype) + t) * self.ds
         return TrackProjection(seg, s, offset, wrap_angle(heading - tangent), half_width)
 
-    def lookahead(self, xy: Tensor, heading: Tensor, s: Tensor, direction: Tensor, count: int, spacing: float) -> Tensor:
+    def lookahead(
+        self, xy: Tensor, heading: Tensor, s: Tensor, direction: Tensor, count: int, spacing: float
+    ) -> Tensor:
         """The next `count` centerline points ahead along the travel direction, in the car frame: `(N, count, 2)`.
 
         `direction` is +1 (forward) or -1 (reversed) per env; the car frame has +x forward and +y left.
@@ -349,7 +351,9 @@ class Track:
             gap = float(np.linalg.norm(data[0, :2] - data[-1, :2]))
             typical = float(np.median(np.linalg.norm(np.diff(data[:, :2], axis=0), axis=1)))
             if gap > 3.0 * max(typical, 1e-6):
-                raise TrackFileError(f"{path}: not a closed loop (first and last centerline rows are {gap:.2f} m apart)")
+                raise TrackFileError(
+                    f"{path}: not a closed loop (first and last centerline rows are {gap:.2f} m apart)"
+                )
         widths = np.linalg.norm(data[:, 2:4] - data[:, 4:6], axis=1)
         return cls(data[:, :2], widths, name=name or path.stem, source=str(path), **kwargs)
 

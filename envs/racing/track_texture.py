@@ -77,7 +77,7 @@ class TrackScene:
         cfg, track = self.cfg, self.track
         # A 1 cm centerline so nearest-point distances are accurate to well under a texel.
         s_fine = np.arange(0.0, track.length, 0.01)
-        xy, heading, hw = (a.cpu().numpy() for a in track.interpolate(torch.as_tensor(s_fine, dtype=torch.float32)))
+        xy, _, hw = (a.cpu().numpy() for a in track.interpolate(torch.as_tensor(s_fine, dtype=torch.float32)))
         tree = cKDTree(xy.astype(np.float64))
         h, w = self.shape
         gx = self.origin[0] + (np.arange(w) + 0.5) * cfg.texel
@@ -117,7 +117,7 @@ class TrackScene:
         return (xy - origin) / extent * 2.0 - 1.0
 
     def image(self) -> np.ndarray:
-        """The nominal ground luma as an `(H, W)` uint8 image (row 0 = smallest y), e.g. for plots or other renderers."""
+        """The nominal ground luma as an `(H, W)` uint8 image (row 0 = smallest y), e.g. for plots."""
         from envs.racing.randomization import NOMINAL_LUMA
 
         tex = self.texture[0].cpu().numpy()

@@ -1,0 +1,1 @@
+"""Entry points: one tyro config per script, presets, W&B wiring, benchmarks."""

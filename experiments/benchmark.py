@@ -1,0 +1,159 @@
+"""Throughput benchmark: env-steps/s of the state-only env, frames/s of the camera env, peak RSS.
+
+    python -m experiments.benchmark default            # writes outputs/benchmark.json
+    python -m experiments.benchmark smoke --out /tmp/b.json
+
+Every measurement runs in a fresh subprocess so its peak RSS is its own. Figures depend on the machine (noted in the
+JSON: CPU count, torch threads, versions); compare ratios between runs on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from experiments.cli import run
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """What to measure."""
+
+    state_envs: tuple[int, ...] = (256, 1024, 4096)
+    """env counts for the state-only (bicycle, no camera) env"""
+    camera_envs: tuple[int, ...] = (16, 64, 256)
+    """env counts for the camera (projective) env"""
+    steps: int = 200
+    """timed control steps per measurement (camera: a quarter of this)"""
+    warmup: int = 20
+    """untimed steps first (compilation, caches)"""
+    compile: bool = True
+    """torch.compile the env's hot kernels (as training does)"""
+    track: str = "reinvent2018"
+    """track"""
+    threads: int = 0
+    """torch threads (0 = torch's default)"""
+    out: str = "outputs/benchmark.json"
+    """JSON output path"""
+    single: str = ""
+    """internal: run one measurement `kind:num_envs` in this process and print its JSON"""
+
+
+def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
+    """Time env.step with random actions; returns steps/s, env-steps/s (= frames/s with a camera) and peak RSS."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    camera = "projective" if kind == "camera" else "none"
+    env_cfg = EnvConfig(num_envs=num_envs, track=cfg.track, camera=camera, compile=cfg.compile)
+    t0 = time.perf_counter()
+    env = RacingEnv(env_cfg)
+    build = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    steps = cfg.steps if kind == "state" else max(10, cfg.steps // 4)
+    actions = [torch.randint(0, env.action_space.num_choices, (num_envs, 1), generator=gen).float() for _ in range(8)]
+    for i in range(cfg.warmup):
+        env.step(actions[i % 8])
+    t0 = time.perf_counter()
+    for i in range(steps):
+        env.step(actions[i % 8])
+    elapsed = time.perf_counter() - t0
+    result = {
+        "kind": kind,
+        "num_envs": num_envs,
+        "steps": steps,
+        "seconds": elapsed,
+        "env_steps_per_s": num_envs * steps / elapsed,
+        "build_seconds": build,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+    if kind == "camera":
+        result["frames_per_s"] = result["env_steps_per_s"]
+        state = env.physics.state
+        t0 = time.perf_counter()
+        reps = max(4, steps // 2)
+        for _ in range(reps):
+            env.camera.render(state.x, state.y, state.yaw, env.visuals)
+        result["render_only_frames_per_s"] = num_envs * reps / (time.perf_counter() - t0)
+    return result
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+    }
+
+
+def main(cfg: BenchmarkConfig) -> dict:
+    if cfg.single:
+        kind, n = cfg.single.split(":")
+        print(json.dumps(measure(cfg, kind, int(n))))
+        return {}
+    console = Console()
+    results = []
+    plan = [("state", n) for n in cfg.state_envs] + [("camera", n) for n in cfg.camera_envs]
+    base = [sys.executable, "-m", "experiments.benchmark", "default"]
+    flags = [
+        "--steps",
+        str(cfg.steps),
+        "--warmup",
+        str(cfg.warmup),
+        "--track",
+        cfg.track,
+        "--threads",
+        str(cfg.threads),
+    ]
+    flags += ["--compile" if cfg.compile else "--no-compile"]
+    for kind, n in plan:
+        console.print(f"measuring {kind} env at {n} envs ...")
+        proc = subprocess.run([*base, *flags, "--single", f"{kind}:{n}"], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark {kind}:{n} failed:\n{proc.stderr[-2000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    table = Table(title="env throughput")
+    for col in ("env", "envs", "env-steps/s", "render-only frames/s", "peak RSS (MiB)", "build (s)"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(
+            r["kind"], str(r["num_envs"]), f"{r['env_steps_per_s']:,.0f}",
+            f"{r.get('render_only_frames_per_s', float('nan')):,.0f}", f"{r['peak_rss_mib']:.0f}",
+            f"{r['build_seconds']:.1f}",
+        )  # fmt: skip
+    console.print(table)
+    report = {"machine": machine(), "config": {**cfg.__dict__}, "results": results}
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(out)
+    console.print(f"wrote {out.resolve()}")
+    return report
+
+
+PRESETS = {
+    "default": ("state {256, 1024, 4096} and camera {16, 64, 256}", BenchmarkConfig()),
+    "smoke": (
+        "a few steps at small sizes (checks the script, not the machine)",
+        BenchmarkConfig(state_envs=(64,), camera_envs=(4,), steps=8, warmup=2, compile=False),
+    ),
+}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)
