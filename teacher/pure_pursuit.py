@@ -49,12 +49,27 @@ class PurePursuitDriver:
         self.k, self.spacing = lookahead_points, lookahead_spacing
         self.max_speed = action_space.max_speed
 
-    def targets(self, teacher_obs: Tensor, friction: Tensor | float | None = None) -> tuple[Tensor, Tensor]:
-        """Desired (steering rad, speed m/s) per env `(N,)`; `friction` (per env) overrides the configured one."""
+    def targets(
+        self, teacher_obs: Tensor, friction: Tensor | float | None = None, latency: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Desired (steering rad, speed m/s) per env `(N,)`.
+
+        `friction` (per env) overrides the configured one; `latency` (seconds per env) shifts the lookahead points
+        into the pose the car will have when the command takes effect.
+        """
         cfg, k = self.cfg, self.k
         horizon = k * self.spacing
         pts = teacher_obs[:, : 2 * k].reshape(-1, k, 2) * horizon  # (N, K, 2) car frame
         speed = teacher_obs[:, 2 * k + 3] * self.max_speed
+        if latency is not None:
+            yaw_rate = teacher_obs[:, 2 * k + 5] * 5.0
+            turn = (yaw_rate * latency)[:, None]
+            travel = (speed * latency)[:, None]
+            shifted = pts - torch.stack([travel * torch.cos(turn / 2), travel * torch.sin(turn / 2)], -1)
+            c, s = torch.cos(turn), torch.sin(turn)
+            pts = torch.stack(
+                [c * shifted[..., 0] + s * shifted[..., 1], -s * shifted[..., 0] + c * shifted[..., 1]], -1
+            )
         ld = cfg.lookahead_base + cfg.lookahead_gain * speed
         idx = (ld / self.spacing - 1.0).round().long().clamp(0, k - 1)
         target = pts.gather(1, idx[:, None, None].expand(-1, 1, 2)).squeeze(1)
@@ -77,12 +92,14 @@ class PurePursuitDriver:
         return steer.clamp(-self.spec.max_steering, self.spec.max_steering), v_target
 
     def act(self, obs) -> Tensor:
-        """Actions `(N, num_actions)` from the env's observations: the `teacher` group, and the true friction from
-        `env_factors` when present (the driver is privileged)."""
-        friction = None
+        """Actions `(N, num_actions)` from the env's observations: the `teacher` group, and the true friction and
+        action latency from `env_factors` when present (the driver is privileged)."""
+        friction = latency = None
         if "env_factors" in obs.keys():
-            friction = denormalize_factor("friction", obs["env_factors"][:, FACTOR_NAMES.index("friction")])
-        steer, speed = self.targets(obs["teacher"], friction)
+            factors = obs["env_factors"]
+            friction = denormalize_factor("friction", factors[:, FACTOR_NAMES.index("friction")])
+            latency = denormalize_factor("action_latency", factors[:, FACTOR_NAMES.index("action_latency")])
+        steer, speed = self.targets(obs["teacher"], friction, latency)
         if self.space.kind == "continuous":
             lo, hi = (math.radians(v) for v in self.space.steering_range)
             a0 = (steer - lo) / (hi - lo) * 2.0 - 1.0

@@ -44,10 +44,12 @@ class CameraConfig:
     """image height (px)"""
     wall_bins: int = 320
     """azimuth bins for barrier ray casting"""
-    march_steps: int = 24
+    march_steps: int = 48
     """sphere-tracing iterations per barrier ray"""
     max_distance: float = 12.0
     """barrier rays stop here (m)"""
+    chunk: int = 64
+    """envs rendered together on a CPU (keeps per-pixel buffers in cache)"""
 
     def __post_init__(self) -> None:
         check_range("camera.height", self.height, 0.01, 2.0)
@@ -61,6 +63,7 @@ class CameraConfig:
         check_range("camera.height_px", self.height_px, 8, 4096)
         check_range("camera.wall_bins", self.wall_bins, 8, 4096)
         check_range("camera.march_steps", self.march_steps, 1, 256)
+        check_range("camera.chunk", self.chunk, 1, 1_000_000)
 
 
 def pixel_rays(cfg: CameraConfig) -> Tensor:
@@ -138,23 +141,37 @@ class ProjectiveCamera:
 
     # --------------------------------------------------------------------------------------------------- walls
     def _wall_distance(self, cam_x: Tensor, cam_y: Tensor, yaw: Tensor) -> tuple[Tensor, Tensor]:
-        """Horizontal distance `(B, N)` to the barrier along each azimuth bin (inf if none) and hit points."""
+        """Horizontal distance `(B, N)` to the barrier along each azimuth bin (inf if none) and hit points.
+
+        Sphere tracing on the signed barrier distance field; every few iterations the rays still marching are
+        compacted, so the long tail of grazing rays costs little."""
         cfg, scene = self.cfg, self.scene
         ang = self.bin_azimuth[:, None] + yaw[None, :]  # (B, N)
         dx, dy = torch.cos(ang), torch.sin(ang)
         # Grid coordinates are affine in t: g(t) = g0 + t * gd, so each iteration is one fused multiply-add.
         scale = torch.as_tensor(2.0 / scene.extent, dtype=dx.dtype, device=self.device)
-        g0 = scene.to_grid(torch.stack([cam_x, cam_y], -1))[None, :, :].expand(ang.shape[0], -1, -1)  # (B, N, 2)
-        gd = torch.stack([dx, dy], -1) * scale
-        t = torch.zeros(ang.shape, device=self.device)
-        eps = 0.5 * scene.cfg.texel
-        d = torch.zeros_like(t)  # first iteration: t stays 0 and d is sampled at the camera
-        for _ in range(cfg.march_steps):
-            t = t + torch.where(d > eps, d, 0.0)  # rays that reached the barrier stay there
-            grid = torch.addcmul(g0, t.unsqueeze(-1), gd)
-            d = F.grid_sample(scene.wall_sdf, grid.reshape(1, -1, 1, 2), padding_mode="border", align_corners=False)
-            d = d.reshape(t.shape)
-        hit = (d <= 4 * eps) & (t < cfg.max_distance)
+        g0 = scene.to_grid(torch.stack([cam_x, cam_y], -1))[None, :, :].expand(ang.shape[0], -1, -1).reshape(-1, 2)
+        gd = (torch.stack([dx, dy], -1) * scale).reshape(-1, 2)
+        t = torch.zeros(g0.shape[0], device=self.device)
+        d = torch.zeros_like(t)
+        eps = 0.5 * scene.sdf_texel
+        idx = torch.arange(t.shape[0], device=self.device)
+        t_sub, d_sub, g0_sub, gd_sub = t, d, g0, gd
+        for i in range(cfg.march_steps):
+            if i > 0 and i % 4 == 0:  # write back and keep only the rays still marching
+                t[idx], d[idx] = t_sub, d_sub
+                keep = (d_sub > eps) & (t_sub < cfg.max_distance)
+                idx = idx[keep]
+                t_sub, d_sub, g0_sub, gd_sub = t[idx], d[idx], g0[idx], gd[idx]
+                if idx.numel() == 0:
+                    break
+            t_sub = t_sub + torch.where((d_sub > eps) & (t_sub < cfg.max_distance), d_sub, 0.0)
+            grid = torch.addcmul(g0_sub, t_sub.unsqueeze(-1), gd_sub)
+            d_sub = F.grid_sample(scene.wall_sdf, grid.reshape(1, -1, 1, 2), padding_mode="border", align_corners=False)
+            d_sub = d_sub.reshape(-1)
+        t[idx], d[idx] = t_sub, d_sub
+        t, d = t.reshape(ang.shape), d.reshape(ang.shape)
+        hit = (d <= 2 * eps) & (t < cfg.max_distance)
         hx = cam_x[None, :] + t * dx
         hy = cam_y[None, :] + t * dy
         return torch.where(hit, t, torch.inf), torch.stack([hx, hy], -1)
@@ -162,7 +179,20 @@ class ProjectiveCamera:
     # -------------------------------------------------------------------------------------------------- render
     @torch.no_grad()
     def render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
-        """Frames `(N, 1, H, W)` uint8 from car poses `(N,)` (centre of gravity, world frame)."""
+        """Frames `(N, 1, H, W)` uint8 from car poses `(N,)` (centre of gravity, world frame).
+
+        Rendered in chunks of `cfg.chunk` envs so the per-pixel intermediates stay cache-sized on a CPU."""
+        n, step = x.shape[0], self.cfg.chunk if self.device.type == "cpu" else x.shape[0]
+        if n <= step:
+            return self._render(x, y, yaw, visuals)
+        out = torch.empty(n, 1, self.cfg.height_px, self.cfg.width, dtype=torch.uint8, device=self.device)
+        for i in range(0, n, step):
+            sl = slice(i, i + step)
+            part = VisualSample(*(getattr(visuals, f)[sl] for f in VisualSample.__dataclass_fields__))
+            out[sl] = self._render(x[sl], y[sl], yaw[sl], part)
+        return out
+
+    def _render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
         n, cfg, scene, v = x.shape[0], self.cfg, self.scene, visuals
         c, s = torch.cos(yaw), torch.sin(yaw)
         # Car-frame ground points (gx, gy, 1) -> grid coordinates with one GEMM: (Pg, 3) @ (3, N * 2).

@@ -78,7 +78,7 @@ def validate_centerline(points: np.ndarray, widths: np.ndarray, source: str) -> 
         raise TrackFileError(f"{source}: centerline contains NaN or inf")
     if not np.isfinite(widths).all() or (widths <= 0).any():
         bad = int(np.argmax(~np.isfinite(widths) | (widths <= 0)))
-        raise TrackFileError(f"{source}: track width must be positive and finite (row {bad} has {widths[bad]!r})")
+        raise TrackFileError(f"{source}: track width must be positive and finite (row {bad} has {float(widths[bad])})")
     points, widths = _drop_repeats(points, widths)
     if len(points) < 4:
         raise TrackFileError(f"{source}: centerline too short: {len(points)} distinct points, need at least 4")

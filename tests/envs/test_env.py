@@ -1,0 +1,166 @@
+from dataclasses import replace
+
+import pytest
+import torch
+
+from envs.errors import ConfigError
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from envs.racing.evaluation import EvalConfig, evaluate
+from envs.racing.observations import teacher_dim
+from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
+from envs.racing.rewards import TerminationConfig
+from teacher.pure_pursuit import PurePursuitDriver
+from tests.helpers import NO_RANDOMIZATION, small_env_config
+
+
+def random_actions(env, steps, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, env.action_space.num_choices, (env.num_envs, 1), generator=gen).float() for _ in range(steps)]
+
+
+def test_vec_env_contract_and_observation_groups():
+    env = RacingEnv(small_env_config(num_envs=3, camera="projective"))
+    obs = env.get_observations()
+    assert env.num_actions == 1 and env.max_episode_length == 300
+    assert obs["teacher"].shape == (3, teacher_dim(env.cfg.obs.lookahead_points))
+    assert obs["env_factors"].shape == (3, len(FACTOR_NAMES))
+    assert obs["camera"].shape == (3, 1, 120, 160) and obs["camera"].dtype == torch.uint8
+    assert obs["proprio"].shape == (3, 2)
+    obs, rew, dones, extras = env.step(torch.zeros(3, 1))
+    assert rew.shape == (3,) and dones.shape == (3,) and extras["time_outs"].shape == (3,)
+    state_only = RacingEnv(small_env_config(num_envs=2))
+    assert "camera" not in state_only.get_observations().keys()
+    imu = RacingEnv(small_env_config(num_envs=2, obs=replace(EnvConfig().obs, proprio_imu=True)))
+    assert imu.get_observations()["proprio"].shape == (2, 5)
+
+
+def test_env_factors_are_normalized_and_vary():
+    env = RacingEnv(EnvConfig(num_envs=256, compile=False))
+    f = env.get_observations()["env_factors"]
+    assert f.min() >= -1.0 and f.max() <= 1.0
+    assert (f.std(dim=0)[:8] > 0.01).all()  # every randomized factor varies; battery is constant in training
+
+
+def test_masked_reset_leaves_other_envs_untouched():
+    env = RacingEnv(EnvConfig(num_envs=6, compile=False, camera="projective"))
+    for a in random_actions(env, 10):
+        env.step(a)
+    before = {k: v.clone() for k, v in env.get_observations().items()}
+    state = env.physics.state.clone()
+    friction = env.world.params.friction.clone()
+    ids = torch.tensor([1, 4])
+    env._reset_idx(ids)
+    obs = env._observe()
+    keep = torch.tensor([0, 2, 3, 5])
+    for key in before.keys():
+        assert torch.equal(obs[key][keep], before[key][keep]), key
+    assert torch.equal(env.physics.state.x[keep], state.x[keep])
+    assert torch.equal(env.world.params.friction[keep], friction[keep])
+    assert (env.episode_length_buf[ids] == 0).all() and (env.episode_length_buf[keep] == 10).all()
+
+
+def test_same_seed_same_rollout_and_other_seed_differs():
+    def rollout(seed):
+        env = RacingEnv(EnvConfig(num_envs=8, seed=seed, compile=False, camera="projective"))
+        out = []
+        for a in random_actions(env, 40):
+            obs, rew, dones, _ = env.step(a)
+            out.append((obs["teacher"].clone(), obs["camera"].clone(), rew.clone(), dones.clone()))
+        return out
+
+    a, b, c = rollout(3), rollout(3), rollout(4)
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            assert torch.equal(u, v)
+    assert not torch.equal(a[-1][0], c[-1][0])
+
+
+def test_time_limit_truncates_and_auto_resets():
+    env = RacingEnv(small_env_config(num_envs=2, termination=TerminationConfig(episode_seconds=1.0, stuck_seconds=5.0)))
+    for t in range(15):
+        obs, _, dones, extras = env.step(torch.full((2, 1), 4.0))  # straight ahead, slow
+    assert dones.all() and extras["time_outs"].all() and not extras["terminated"].any()
+    assert (env.episode_length_buf == 0).all()
+    assert "Episode/progress" in extras["log"]
+
+
+def test_offtrack_terminates_with_penalty():
+    env = RacingEnv(small_env_config(num_envs=1))
+    for _ in range(60):
+        _, rew, dones, extras = env.step(torch.tensor([[9.0]]))  # full left at speed: leaves the track
+        if dones.any():
+            break
+    assert extras["offtrack"].item() and extras["terminated"].item() and not extras["time_outs"].item()
+    assert rew.item() == env.cfg.reward.offtrack
+    assert extras["log"]["Episode/offtrack_rate"].item() == 1.0
+
+
+def test_stuck_car_is_terminated():
+    # Steering hard at the slowest speed on the oval does not leave the track quickly; a zero-speed table does.
+    env = RacingEnv(small_env_config(num_envs=1, action_space="console-default"))
+    env.world.params.motor_gain[:] = 0.0
+    env.physics.set_params(env.world.params, torch.tensor([0]))
+    for t in range(60):
+        _, _, dones, extras = env.step(torch.tensor([[4.0]]))
+        if dones.any():
+            break
+    assert extras["terminated"].item() and not extras["offtrack"].item()
+    assert t + 1 == 30  # stuck_seconds (2 s) at 15 Hz
+
+
+def test_directions_alternate_every_episode():
+    rnd = replace(NO_RANDOMIZATION, direction="alternate")
+    env = RacingEnv(small_env_config(num_envs=2, randomization=rnd))
+    first = env.direction.clone()
+    assert first.tolist() == [1.0, -1.0]
+    env._reset_idx(torch.tensor([0, 1]))
+    assert env.direction.tolist() == [-1.0, 1.0]
+
+
+@pytest.mark.parametrize("track", ["oval", "reinvent2018", "technical"])
+def test_pure_pursuit_completes_laps_both_directions_under_randomization(track):
+    cfg = EnvConfig(track=track, compile=False)
+    env = RacingEnv(replace(cfg, num_envs=1))
+    driver = PurePursuitDriver(env.action_space, cfg.car, cfg.obs.lookahead_points, cfg.obs.lookahead_spacing)
+    metrics, records, eval_env = evaluate(driver.act, cfg, EvalConfig(start_points=2, laps=1, max_seconds=25.0))
+    assert metrics["forward/lap_completion"] == 1.0 and metrics["reverse/lap_completion"] == 1.0
+    assert 1.0 < metrics["lap_time_ratio"] < 1.8
+    assert all(r.path.shape[1] == 2 and len(r.path) > 10 for r in records)
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: EnvConfig(num_envs=0), "env.num_envs"),
+        (lambda: RandomizationConfig(friction_range=(1.2, 0.7)), "randomization.friction_range"),
+        (lambda: RandomizationConfig(action_noise_max=0.9), "randomization.action_noise_max"),
+        (lambda: EnvConfig(start_points=(1.5,)), "env.start_points"),
+        (lambda: TerminationConfig(episode_seconds=-1.0), "termination.episode_seconds"),
+    ],
+)
+def test_out_of_range_config_names_the_field(make, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        make()
+
+
+def test_unknown_track_and_mid_episode_shift():
+    with pytest.raises(ConfigError, match="unknown track"):
+        RacingEnv(small_env_config(track="monaco"))
+    env = RacingEnv(small_env_config(num_envs=3))
+    env.shift_world(torch.tensor([1]), friction=0.4, action_latency=3)
+    assert env.world.params.friction.tolist() == pytest.approx([1.0, 0.4, 1.0])
+    assert env.physics.params.friction.tolist() == pytest.approx([1.0, 0.4, 1.0])
+    assert env.world.action_latency.tolist()[1] == 3
+    with pytest.raises(ConfigError, match="unknown factor"):
+        env.shift_world(torch.tensor([0]), grip=1.0)
+
+
+def test_compiled_env_matches_eager_closely():
+    eager = RacingEnv(EnvConfig(num_envs=16, compile=False))
+    comp = RacingEnv(EnvConfig(num_envs=16, compile=True))
+    for a in random_actions(eager, 20):
+        o1, r1, d1, _ = eager.step(a)
+        o2, r2, d2, _ = comp.step(a)
+    assert torch.equal(d1, d2)
+    assert torch.allclose(o1["teacher"], o2["teacher"], atol=1e-3)

@@ -1,0 +1,56 @@
+"""Subprocess smoke tests of every experiments/ script (smoke presets) and of their bad-input handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_drive_scripted_smoke(tmp_path):
+    proc = run("experiments.drive_scripted", "smoke", "--out-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["oval"]["metrics"]["lap_completion"] == 1.0
+    assert (tmp_path / "oval_trajectories.png").stat().st_size > 10_000
+    assert (tmp_path / "oval_camera.png").stat().st_size > 5_000
+
+
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run("experiments.benchmark", "smoke", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    kinds = {r["kind"] for r in report["results"]}
+    assert kinds == {"state", "camera"}
+    assert all(r["env_steps_per_s"] > 0 and r["peak_rss_mib"] > 0 for r in report["results"])
+    assert report["machine"]["cpu_count"] >= 1
+
+
+def test_bad_input_exits_nonzero_with_one_line(tmp_path):
+    bad = tmp_path / "broken_track.npy"
+    np.save(bad, np.zeros((5, 3)))
+    proc = run("experiments.drive_scripted", "smoke", "--tracks", str(bad), "--out-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert "broken_track.npy" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("experiments.drive_scripted", "smoke", "--env.randomization.friction-range", "1.5", "0.5")
+    assert proc.returncode == 2 and "randomization.friction_range" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("experiments.drive_scripted", "smoke", "--no-such-flag", "1")
+    assert proc.returncode != 0
+    meta = tmp_path / "model_metadata.json"
+    meta.write_text(json.dumps({"action_space": [{"steering_angle": 50, "speed": 1.0}]}))
+    proc = run("experiments.drive_scripted", "smoke", "--env.action-space", str(meta), "--out-dir", str(tmp_path))
+    assert proc.returncode == 2 and "outside ±30" in proc.stderr

@@ -1,0 +1,28 @@
+"""Small env configs for tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from envs.racing.config import EnvConfig
+from envs.racing.randomization import RandomizationConfig
+
+NO_RANDOMIZATION = RandomizationConfig(
+    friction=False,
+    mass=False,
+    motor_gain=False,
+    steering_gain=False,
+    steering_offset=False,
+    action_latency=False,
+    camera_latency=False,
+    action_noise=False,
+    random_start=False,
+    visual=False,
+    direction="forward",
+)
+
+
+def small_env_config(**changes) -> EnvConfig:
+    """A few envs, nominal world, eager kernels."""
+    base = EnvConfig(num_envs=4, randomization=NO_RANDOMIZATION, compile=False)
+    return replace(base, **changes)
