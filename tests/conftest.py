@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+
 _TMP = tempfile.mkdtemp(prefix="gapbridge-tests-")
 os.environ["WANDB_MODE"] = "disabled"
 os.environ["WANDB_SILENT"] = "true"
@@ -12,4 +13,3 @@ os.environ["WANDB_CACHE_DIR"] = os.path.join(_TMP, "wandb-cache")
 os.environ["WANDB_CONFIG_DIR"] = os.path.join(_TMP, "wandb-config")
 os.environ.setdefault("XDG_CACHE_HOME_FOR_TESTS", os.path.join(_TMP, "xdg-cache"))
 os.environ["MPLBACKEND"] = "Agg"
-

@@ -338,6 +338,63 @@ class RacingEnv:
             target[env_ids] = torch.as_tensor(value, device=self.device).to(target.dtype)
         self.physics.set_params(self.world.params, env_ids)
 
+    # ------------------------------------------------------------------------------------------ save / restore
+    _BUFFERS = (
+        "direction", "segment", "s", "travel", "laps", "lap_start_step", "last_lap_time", "stuck_mark",
+        "stuck_steps", "episode_length_buf", "episode_count", "prev_action", "prev_vel", "start_index",
+    )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Tensor | int]:
+        """Every piece of mutable env state (tensors and ints only), so a resumed run continues bit-exactly."""
+        out: dict[str, Tensor | int] = {f"buf.{k}": getattr(self, k).clone() for k in self._BUFFERS}
+        for prefix, obj in self._dataclass_state():
+            for name in obj.__dataclass_fields__:
+                out[f"{prefix}.{name}"] = getattr(obj, name).clone()
+        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
+            out[f"{name}.buffer"], out[f"{name}.head"] = line.buffer.clone(), int(line.head)
+        for name in ("action_latency", "camera_latency", "action_noise", "battery"):
+            out[f"world.{name}"] = getattr(self.world, name).clone()
+        out["accel"] = getattr(self, "_accel", torch.zeros(self.num_envs, 2, device=self.device)).clone()
+        out["generator"] = self.generator.get_state()
+        for key, value in self.get_observations().items():
+            out[f"obs.{key}"] = value.clone()
+        for key, value in self.physics.state_dict().items():
+            out[f"physics.{key}"] = value
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor | int]) -> None:
+        """Restore `state_dict()` output (same config and env count)."""
+        mine = self.state_dict()
+        missing = set(mine) - set(state)
+        if missing:
+            raise ConfigError(f"env state is missing {sorted(missing)[:5]} (saved by a different env configuration?)")
+        for key, value in state.items():
+            ref = mine.get(key)
+            if isinstance(ref, Tensor) and (not isinstance(value, Tensor) or value.shape != ref.shape):
+                raise ConfigError(f"env state {key!r} has shape {getattr(value, 'shape', None)}, expected {ref.shape}")
+        for k in self._BUFFERS:
+            getattr(self, k).copy_(state[f"buf.{k}"])
+        for prefix, obj in self._dataclass_state():
+            for name in obj.__dataclass_fields__:
+                getattr(obj, name).copy_(state[f"{prefix}.{name}"])
+        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
+            line.buffer.copy_(state[f"{name}.buffer"])
+            line.head = int(state[f"{name}.head"])
+        for name in ("action_latency", "camera_latency", "action_noise", "battery"):
+            getattr(self.world, name).copy_(state[f"world.{name}"])
+        self._accel = state["accel"].clone()
+        self.generator.set_state(state["generator"])
+        self.physics.load_state_dict({k[len("physics.") :]: v for k, v in state.items() if k.startswith("physics.")})
+        groups = {k[len("obs.") :]: v.clone() for k, v in state.items() if k.startswith("obs.")}
+        self._obs = TensorDict(groups, batch_size=[self.num_envs], device=self.device)
+
+    def _dataclass_state(self):
+        return (
+            ("world_params", self.world.params),
+            ("visuals", self.visuals),
+            ("proj", self._proj),
+        )
+
     def close(self) -> None:
         if hasattr(self.physics, "close"):
             self.physics.close()

@@ -170,6 +170,16 @@ class BicyclePhysics:
         for f in fields(CarParams):
             getattr(self.params, f.name)[env_ids] = getattr(params, f.name)[env_ids]
 
+    def state_dict(self) -> dict[str, Tensor]:
+        out = {f"state.{f.name}": getattr(self.state, f.name).clone() for f in fields(CarState)}
+        out.update({f"params.{f.name}": getattr(self.params, f.name).clone() for f in fields(CarParams)})
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.state = CarState(*(state[f"state.{f.name}"].clone() for f in fields(CarState)))
+        for f in fields(CarParams):
+            getattr(self.params, f.name).copy_(state[f"params.{f.name}"])
+
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         """One physics substep from commanded (post-latency) steering and speed."""
         steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)

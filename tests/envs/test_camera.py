@@ -22,7 +22,9 @@ def nominal_visuals(n):
 
 def test_shape_dtype_and_difference_between_poses(oval_scene):
     cam = ProjectiveCamera(oval_scene, CameraConfig())
-    frames = cam.render(torch.tensor([0.0, 2.7]), torch.tensor([-1.2, 0.0]), torch.tensor([0.0, 1.57]), nominal_visuals(2))
+    frames = cam.render(
+        torch.tensor([0.0, 2.7]), torch.tensor([-1.2, 0.0]), torch.tensor([0.0, 1.57]), nominal_visuals(2)
+    )
     assert frames.shape == (2, 1, 120, 160) and frames.dtype == torch.uint8
     assert (frames[0].float() - frames[1].float()).abs().mean() > 5
 

@@ -46,8 +46,10 @@ def test_discrete_and_continuous_commands():
         ({"action_space": [{"steering_angle": 0, "speed": 1, "brake": 1}]}, r"action_space\[0\] has unknown keys"),
         ({"action_space": [{"steering_angle": "left", "speed": 1}]}, "not a finite number"),
         (
-            {"action_space": {"steering_angle": {"low": 10, "high": -10}, "speed": {"low": 1, "high": 2}},
-             "action_space_type": "continuous"},
+            {
+                "action_space": {"steering_angle": {"low": 10, "high": -10}, "speed": {"low": 1, "high": 2}},
+                "action_space_type": "continuous",
+            },
             "steering_angle box",
         ),
         ({"sensor": ["FRONT_FACING_CAMERA"]}, "missing 'action_space'"),
@@ -75,7 +77,9 @@ def test_calibration_interpolates_measured_values(tmp_path):
     path.write_text(json.dumps({"steering": {"command": [-30, 0, 30], "measured": [-24, 1, 28]},
                                 "speed": {"command": [0, 2, 4], "measured": [0, 1.5, 3.5]}}))  # fmt: skip
     cal = Calibration.load(path)
-    steer, speed = cal.apply(torch.deg2rad(torch.tensor([-30.0, -15.0, 15.0, 40.0])), torch.tensor([1.0, 2.0, 3.0, 5.0]))
+    steer, speed = cal.apply(
+        torch.deg2rad(torch.tensor([-30.0, -15.0, 15.0, 40.0])), torch.tensor([1.0, 2.0, 3.0, 5.0])
+    )
     assert torch.rad2deg(steer).tolist() == pytest.approx([-24.0, -11.5, 14.5, 28.0], abs=1e-4)
     assert speed.tolist() == pytest.approx([0.75, 1.5, 2.5, 3.5])
     ident = Calibration()

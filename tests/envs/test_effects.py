@@ -30,7 +30,9 @@ def test_delay_line_fill_erases_history_of_the_given_envs():
 def test_action_latency_delays_the_actuators_by_the_sampled_substeps(latency_substeps):
     """A steering command issued at step 0 reaches the servo exactly `latency` physics substeps later (one substep
     per control step here, so control steps count substeps)."""
-    rnd = RandomizationConfig(**{**NO_RANDOMIZATION.__dict__, "nominal_action_latency_ms": latency_substeps * 1000 / 60})
+    rnd = RandomizationConfig(
+        **{**NO_RANDOMIZATION.__dict__, "nominal_action_latency_ms": latency_substeps * 1000 / 60}
+    )
     env = RacingEnv(small_env_config(num_envs=1, randomization=rnd, substeps=1, control_hz=60.0))
     assert env.world.action_latency.item() == latency_substeps
     left = torch.tensor([[8.0]])  # +30 degrees
@@ -44,6 +46,7 @@ def test_action_latency_delays_the_actuators_by_the_sampled_substeps(latency_sub
 
 def test_fractional_frame_latency_with_substeps():
     """Two substeps of latency inside a four-substep frame: the servo moves during the first frame, but less."""
+
     def steer_after_one_frame(latency_ms):
         rnd = RandomizationConfig(**{**NO_RANDOMIZATION.__dict__, "nominal_action_latency_ms": latency_ms})
         env = RacingEnv(small_env_config(num_envs=1, randomization=rnd))

@@ -16,7 +16,9 @@ from tests.helpers import NO_RANDOMIZATION, small_env_config
 
 def random_actions(env, steps, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, env.action_space.num_choices, (env.num_envs, 1), generator=gen).float() for _ in range(steps)]
+    return [
+        torch.randint(0, env.action_space.num_choices, (env.num_envs, 1), generator=gen).float() for _ in range(steps)
+    ]
 
 
 def test_vec_env_contract_and_observation_groups():
@@ -78,7 +80,7 @@ def test_same_seed_same_rollout_and_other_seed_differs():
 
 def test_time_limit_truncates_and_auto_resets():
     env = RacingEnv(small_env_config(num_envs=2, termination=TerminationConfig(episode_seconds=1.0, stuck_seconds=5.0)))
-    for t in range(15):
+    for _ in range(15):
         obs, _, dones, extras = env.step(torch.full((2, 1), 4.0))  # straight ahead, slow
     assert dones.all() and extras["time_outs"].all() and not extras["terminated"].any()
     assert (env.episode_length_buf == 0).all()
@@ -101,7 +103,7 @@ def test_stuck_car_is_terminated():
     env = RacingEnv(small_env_config(num_envs=1, action_space="console-default"))
     env.world.params.motor_gain[:] = 0.0
     env.physics.set_params(env.world.params, torch.tensor([0]))
-    for t in range(60):
+    for t in range(60):  # noqa: B007 (t is checked after the loop)
         _, _, dones, extras = env.step(torch.tensor([[4.0]]))
         if dones.any():
             break

@@ -42,7 +42,9 @@ def test_lateral_acceleration_is_friction_limited_and_the_car_slides():
     lat_acc = (grip.vx * grip.yaw_rate).abs().item()
     assert lat_acc <= 0.3 * GRAVITY * 1.02
     r = grip.speed.item() / grip.yaw_rate.abs().item()
-    assert r > 3 * CarSpec().wheelbase / math.tan(0.5), "at low friction the car slides far wide of its kinematic circle"
+    assert r > 3 * CarSpec().wheelbase / math.tan(0.5), (
+        "at low friction the car slides far wide of its kinematic circle"
+    )
     high = drive(0.5, 3.0, friction=1.0).state
     assert (high.vx * high.yaw_rate).abs().item() > lat_acc
 

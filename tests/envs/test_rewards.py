@@ -77,7 +77,9 @@ def test_closest_waypoints_follow_the_travel_direction():
 
 def test_env_uses_a_user_reward_file(tmp_path):
     path = tmp_path / "speedy.py"
-    path.write_text("def reward_function(params):\n    return float(params['speed']) + (0.5 if params['is_reversed'] else 0)\n")
+    path.write_text(
+        "def reward_function(params):\n    return float(params['speed']) + (0.5 if params['is_reversed'] else 0)\n"
+    )
     env = RacingEnv(small_env_config(num_envs=2, reward=RewardConfig(deepracer_function=str(path))))
     _, rew, _, _ = env.step(torch.tensor([[1.0], [0.0]]))
     speeds = [env.action_space.choices[1][1], env.action_space.choices[0][1]]

@@ -1,0 +1,88 @@
+"""Frozen dataclass configs <-> plain dicts / YAML text, for checkpoints and run directories (no pickling)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from envs.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def to_dict(cfg: Any) -> Any:
+    """A dataclass tree as nested dicts/lists of primitives."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (tuple, list)):
+        return [to_dict(v) for v in cfg]
+    return cfg
+
+
+def to_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, where)
+            except (ConfigError, TypeError, ValueError):
+                continue
+        raise ConfigError(f"{where}: {value!r} matches none of {args}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where}: {value!r} is not one of {typing.get_args(tp)}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, where) for v in value)
+        return tuple(_convert(a, v, where) for a, v in zip(args, value, strict=True))
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, str, bool) and not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: Any, where: str = "config") -> T:
+    """Rebuild a (nested) dataclass from `to_dict` output; unknown keys are errors, missing keys take defaults."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    kwargs = {k: _convert(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def from_yaml(cls: type[T], text: str, where: str = "config") -> T:
+    return from_dict(cls, yaml.safe_load(text), where)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path

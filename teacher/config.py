@@ -1,0 +1,76 @@
+"""Teacher policy and PPO hyper-parameters (frozen, validated)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from envs.errors import ConfigError, check_range
+
+
+@dataclass(frozen=True)
+class TeacherPolicyConfig:
+    """Actor-critic for the `teacher` + `env_factors` groups with an RMA factor encoder."""
+
+    hidden_dims: tuple[int, ...] = (256, 128, 64)
+    """policy trunk widths"""
+    critic_hidden_dims: tuple[int, ...] = (256, 128, 64)
+    """critic widths (asymmetric: the critic sees the raw factors, not z)"""
+    activation: str = "elu"
+    """activation of every hidden layer"""
+    dropout: float = 0.3
+    """dropout in the policy trunk (the DeepRacer team found 0.3 helps transfer); 0 switches it off"""
+    latent_dim: int = 8
+    """size of z = mu(e), tanh-bounded"""
+    encoder_hidden: tuple[int, ...] = (64,)
+    """factor-encoder hidden widths"""
+    obs_normalization: bool = True
+    """running mean/std normalization of the observations"""
+    init_std: float = 0.6
+    """initial action std (continuous action spaces)"""
+
+    def __post_init__(self) -> None:
+        check_range("policy.dropout", self.dropout, 0.0, 0.9)
+        check_range("policy.latent_dim", self.latent_dim, 1, 256)
+        check_range("policy.init_std", self.init_std, 1e-3, 10.0)
+        if not self.hidden_dims or not self.critic_hidden_dims:
+            raise ConfigError("policy.hidden_dims and policy.critic_hidden_dims need at least one layer")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """rsl_rl PPO settings."""
+
+    num_steps_per_env: int = 24
+    """rollout length per env between updates"""
+    learning_rate: float = 1e-3
+    """initial learning rate (adapted to the KL target with the adaptive schedule)"""
+    num_learning_epochs: int = 5
+    """passes over each rollout"""
+    num_mini_batches: int = 4
+    """mini-batches per pass"""
+    clip_param: float = 0.2
+    """PPO ratio clip"""
+    gamma: float = 0.99
+    """discount"""
+    lam: float = 0.95
+    """GAE lambda"""
+    entropy_coef: float = 0.001
+    """entropy bonus (the DeepRacer team found 0.001 helps transfer)"""
+    value_loss_coef: float = 1.0
+    """value-loss weight"""
+    max_grad_norm: float = 1.0
+    """gradient clip"""
+    schedule: Literal["adaptive", "fixed"] = "adaptive"
+    """learning-rate schedule"""
+    desired_kl: float = 0.01
+    """KL target of the adaptive schedule"""
+
+    def __post_init__(self) -> None:
+        check_range("ppo.num_steps_per_env", self.num_steps_per_env, 1, 10_000)
+        check_range("ppo.learning_rate", self.learning_rate, 1e-7, 1.0)
+        check_range("ppo.gamma", self.gamma, 0.0, 1.0)
+        check_range("ppo.lam", self.lam, 0.0, 1.0)
+        check_range("ppo.entropy_coef", self.entropy_coef, 0.0, 1.0)
+        check_range("ppo.num_mini_batches", self.num_mini_batches, 1, 10_000)
+        check_range("ppo.num_learning_epochs", self.num_learning_epochs, 1, 1000)

@@ -1,0 +1,39 @@
+"""Teacher building blocks in plain torch: the environment-factor encoder μ(e) -> z and an MLP trunk with dropout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "gelu": nn.GELU}
+
+
+def mlp(
+    in_dim: int, out_dim: int, hidden: Sequence[int], activation: str = "elu", dropout: float = 0.0
+) -> nn.Sequential:
+    """Linear -> activation -> (dropout) per hidden layer, then a linear output layer."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}; use one of {sorted(ACTIVATIONS)}")
+    layers: list[nn.Module] = []
+    last = in_dim
+    for width in hidden:
+        layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        last = width
+    layers.append(nn.Linear(last, out_dim))
+    return nn.Sequential(*layers)
+
+
+class FactorEncoder(nn.Module):
+    """RMA / HORA environment-factor encoder: normalized factors `(N, F)` -> latent z `(N, latent_dim)` in (-1, 1)."""
+
+    def __init__(self, factor_dim: int, latent_dim: int = 8, hidden: Sequence[int] = (64,), activation: str = "elu"):
+        super().__init__()
+        self.net = mlp(factor_dim, latent_dim, hidden, activation)
+        self.latent_dim = latent_dim
+
+    def forward(self, factors: Tensor) -> Tensor:
+        return torch.tanh(self.net(factors))

@@ -1,0 +1,122 @@
+"""The only module that imports rsl_rl: builds PPO (through `OnPolicyRunner`) around our teacher actor.
+
+rsl-rl-lib 5.x composes a policy from a model class (`actor`/`critic` entries with a `class_name`) and an output
+distribution (`distribution_cfg`). The teacher actor subclasses rsl_rl's `MLPModel` so that its latent is
+(normalized teacher state, z = mu(env factors)); discrete action spaces plug in our `CategoricalDistribution`,
+continuous ones use rsl_rl's Gaussian.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+from rsl_rl.models import MLPModel
+from rsl_rl.runners import OnPolicyRunner
+from tensordict import TensorDict
+from torch import Tensor
+
+from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.networks import FactorEncoder, mlp
+
+RSL_RL_RANGE = ">=5.5,<6"
+
+
+class TeacherActorModel(MLPModel):
+    """Policy: MLP over [normalized `teacher` group, z = mu(`env_factors`)], dropout in the trunk."""
+
+    def __init__(
+        self,
+        obs: TensorDict,
+        obs_groups: dict[str, list[str]],
+        obs_set: str,
+        output_dim: int,
+        hidden_dims: tuple[int, ...] = (256, 128, 64),
+        activation: str = "elu",
+        obs_normalization: bool = True,
+        distribution_cfg: dict | None = None,
+        latent_dim: int = 8,
+        encoder_hidden: tuple[int, ...] = (64,),
+        dropout: float = 0.3,
+    ) -> None:
+        groups = obs_groups[obs_set]
+        if groups != ["teacher", "env_factors"]:
+            raise ValueError(f"the teacher actor reads ['teacher', 'env_factors'], got {groups}")
+        self._split = (int(obs["teacher"].shape[-1]), int(obs["env_factors"].shape[-1]))
+        self._latent = latent_dim
+        super().__init__(
+            obs, obs_groups, obs_set, output_dim, hidden_dims, activation, obs_normalization, distribution_cfg
+        )
+        self.factor_encoder = FactorEncoder(self._split[1], latent_dim, encoder_hidden, activation)
+        out_dim = self.distribution.input_dim if self.distribution is not None else output_dim
+        self.mlp = mlp(self._split[0] + latent_dim, out_dim, hidden_dims, activation, dropout)
+        if self.distribution is not None:
+            self.distribution.init_mlp_weights(self.mlp)
+
+    def _get_latent_dim(self) -> int:
+        return self._split[0] + self._latent
+
+    def split(self, obs: TensorDict) -> tuple[Tensor, Tensor]:
+        x = self.obs_normalizer(torch.cat([obs["teacher"], obs["env_factors"]], dim=-1))
+        state, _ = x.split(self._split, dim=-1)
+        return state, obs["env_factors"]  # factors are already normalized to [-1, 1] by the env
+
+    def encode(self, obs: TensorDict) -> Tensor:
+        """z = mu(e) `(N, latent_dim)`."""
+        return self.factor_encoder(obs["env_factors"])
+
+    def get_latent(self, obs: TensorDict, masks: Tensor | None = None, hidden_state=None) -> Tensor:
+        state, factors = self.split(obs)
+        return torch.cat([state, self.factor_encoder(factors)], dim=-1)
+
+
+def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num_choices: int) -> dict:
+    """The rsl_rl runner configuration dict."""
+    if action_kind == "discrete":
+        dist = {"class_name": "teacher.distribution:CategoricalDistribution", "num_choices": num_choices}
+    else:
+        dist = {"class_name": "GaussianDistribution", "init_std": policy.init_std}
+    alg = asdict(ppo)
+    alg.pop("num_steps_per_env")
+    return {
+        "num_steps_per_env": ppo.num_steps_per_env,
+        "save_interval": 10**9,
+        "check_for_nan": False,  # our trainer checks every step and names the group
+        "obs_groups": {"actor": ["teacher", "env_factors"], "critic": ["teacher", "env_factors"]},
+        "algorithm": {"class_name": "PPO", **alg},
+        "actor": {
+            "class_name": "teacher.rsl_adapter:TeacherActorModel",
+            "hidden_dims": list(policy.hidden_dims),
+            "activation": policy.activation,
+            "obs_normalization": policy.obs_normalization,
+            "distribution_cfg": dist,
+            "latent_dim": policy.latent_dim,
+            "encoder_hidden": list(policy.encoder_hidden),
+            "dropout": policy.dropout,
+        },
+        "critic": {
+            "class_name": "MLPModel",
+            "hidden_dims": list(policy.critic_hidden_dims),
+            "activation": policy.activation,
+            "obs_normalization": policy.obs_normalization,
+        },
+    }
+
+
+def build_ppo(env, policy: TeacherPolicyConfig, ppo: PPOConfig, device: str = "cpu"):
+    """An rsl_rl `OnPolicyRunner` (no log dir: our trainer logs and checkpoints) and its PPO algorithm."""
+    space = env.action_space
+    cfg = train_cfg(policy, ppo, space.kind, space.num_choices if space.kind == "discrete" else 0)
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # rsl_rl prints the model summaries
+        runner = OnPolicyRunner(env, cfg, log_dir=None, device=device)
+    return runner, runner.alg
+
+
+def build_actor(obs: TensorDict, num_actions: int, policy: TeacherPolicyConfig, action_kind: str, num_choices: int):
+    """A standalone teacher actor (for loading a checkpoint without an env)."""
+    cfg = train_cfg(policy, PPOConfig(), action_kind, num_choices)["actor"]
+    cfg.pop("class_name")
+    return TeacherActorModel(obs, {"actor": ["teacher", "env_factors"]}, "actor", num_actions, **cfg)

@@ -1,0 +1,263 @@
+"""PPO training loop for the privileged teacher: rollouts, updates, periodic evaluation, checkpoints, exact resume.
+
+The PPO update itself is rsl_rl's (built by `teacher/rsl_adapter.py`); this loop owns what a research run needs
+around it: a wall-clock budget, NaN/inf checks that name the observation group and step, fixed-seed evaluation in
+both directions, atomic checkpoints holding everything needed to continue bit-exactly (model, optimizer, learning
+rate, iteration, global and env RNG, the env's full state), and a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from tensordict import TensorDict
+
+from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
+from envs.config_io import to_yaml
+from envs.errors import GapbridgeError, check_range
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
+from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.policy import TEACHER_KIND, ObsLayout
+from teacher.rsl_adapter import build_ppo
+
+LogFn = Callable[[dict[str, float], int], None]
+
+
+class TrainingDiverged(GapbridgeError, RuntimeError):
+    """NaN or inf appeared in observations, rewards or losses."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Length, budget and bookkeeping of a teacher run."""
+
+    iterations: int = 300
+    """PPO iterations (rollout + update)"""
+    max_minutes: float = 0.0
+    """stop after this much wall time (0 = no limit); the last checkpoint and evaluation are still written"""
+    eval_every: int = 10
+    """evaluate every this many iterations (and at the end)"""
+    save_every: int = 10
+    """checkpoint every this many iterations (and at the end); every checkpoint is kept"""
+    seed: int = 0
+    """seed of torch's global RNG (policy sampling, mini-batches, dropout)"""
+    device: str = "cpu"
+    """device of the policy"""
+
+    def __post_init__(self) -> None:
+        check_range("trainer.iterations", self.iterations, 1, 10_000_000)
+        check_range("trainer.max_minutes", self.max_minutes, 0.0, 1e6)
+        check_range("trainer.eval_every", self.eval_every, 1, 10_000_000)
+        check_range("trainer.save_every", self.save_every, 1, 10_000_000)
+
+
+def check_finite(obs: TensorDict, rewards: torch.Tensor, iteration: int, step: int) -> None:
+    for key, value in obs.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            bad = int((~torch.isfinite(value)).any(dim=tuple(range(1, value.dim()))).nonzero()[0, 0])
+            raise TrainingDiverged(
+                f"non-finite value in observation group {key!r} at iteration {iteration}, "
+                f"rollout step {step}, env {bad}"
+            )
+    if not bool(torch.isfinite(rewards).all()):
+        raise TrainingDiverged(f"non-finite reward at iteration {iteration}, rollout step {step}")
+
+
+class TeacherTrainer:
+    """Owns the env, the PPO algorithm and the run directory."""
+
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        policy_cfg: TeacherPolicyConfig,
+        ppo_cfg: PPOConfig,
+        trainer_cfg: TrainerConfig,
+        eval_cfg: EvalConfig,
+        run_dir: str | Path,
+        run_config_yaml: str = "",
+        log: LogFn | None = None,
+        wandb_run_id: str = "",
+    ) -> None:
+        self.env_cfg, self.policy_cfg, self.ppo_cfg = env_cfg, policy_cfg, ppo_cfg
+        self.cfg, self.eval_cfg = trainer_cfg, eval_cfg
+        self.run_dir = Path(run_dir)
+        self.run_config_yaml = run_config_yaml
+        self.log = log or (lambda metrics, step: None)
+        self.wandb_run_id = wandb_run_id
+        torch.manual_seed(trainer_cfg.seed)
+        self.env = RacingEnv(env_cfg)
+        self.runner, self.alg = build_ppo(self.env, policy_cfg, ppo_cfg, trainer_cfg.device)
+        self.eval_env = RacingEnv(evaluation_env_config(env_cfg, eval_cfg))
+        self.iteration = 0
+        self.env_steps = 0
+        self.history: list[dict[str, float]] = []
+        self.layout = ObsLayout.of_env(self.env)
+
+    # ------------------------------------------------------------------------------------------------ train
+    def train(self, show_progress: bool = True) -> dict[str, float]:
+        """Run until `iterations` (or the wall-clock budget); returns the last evaluation."""
+        cfg, alg = self.cfg, self.alg
+        start = time.time()
+        obs = self.env.get_observations()
+        last_eval: dict[str, float] = {}
+        progress = Progress(
+            TextColumn("[bold]teacher"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"), disable=not show_progress, transient=False,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("train", total=cfg.iterations, completed=self.iteration, status="")
+            while self.iteration < cfg.iterations:
+                t0 = time.time()
+                alg.train_mode()
+                obs, episode_logs, reward_sum = self._rollout(obs)
+                collect = time.time() - t0
+                losses = alg.update()
+                for name, value in losses.items():
+                    if not math.isfinite(value):
+                        self._diverged(f"non-finite {name} loss at iteration {self.iteration}")
+                self.iteration += 1
+                metrics = self._train_metrics(episode_logs, reward_sum, losses, collect, time.time() - t0)
+                out_of_time = cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes
+                last = self.iteration >= cfg.iterations or out_of_time
+                if self.iteration % cfg.eval_every == 0 or last:
+                    last_eval = self.evaluate()
+                    metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
+                    self.history.append({"iteration": self.iteration, "env_steps": self.env_steps, **last_eval})
+                self.log(metrics, self.env_steps)
+                if self.iteration % cfg.save_every == 0 or last:
+                    self.save(self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}.pt")
+                status = f"reward {metrics['train/step_reward']:.3f}"
+                if last_eval:
+                    status += f"  laps {last_eval.get('lap_completion', float('nan')):.0%}"
+                progress.update(task, completed=self.iteration, status=status)
+                if out_of_time:
+                    break
+        self.wall_minutes = (time.time() - start) / 60.0
+        return last_eval
+
+    def _rollout(self, obs: TensorDict) -> tuple[TensorDict, list[dict], float]:
+        alg, env = self.alg, self.env
+        logs: list[dict] = []
+        reward_sum = 0.0
+        with torch.inference_mode():
+            for step in range(self.ppo_cfg.num_steps_per_env):
+                actions = alg.act(obs)
+                obs, rewards, dones, extras = env.step(actions)
+                try:
+                    check_finite(obs, rewards, self.iteration, step)
+                except TrainingDiverged as err:
+                    self._diverged(str(err))
+                alg.process_env_step(obs, rewards, dones, extras)
+                if extras["log"]:
+                    logs.append(extras["log"])
+                reward_sum += float(rewards.mean())
+            alg.compute_returns(obs)
+        self.env_steps += env.num_envs * self.ppo_cfg.num_steps_per_env
+        return obs, logs, reward_sum / self.ppo_cfg.num_steps_per_env
+
+    def _train_metrics(self, logs, reward, losses, collect_s, total_s) -> dict[str, float]:
+        metrics: dict[str, float] = {
+            "train/iteration": float(self.iteration),
+            "train/step_reward": reward,
+            "train/learning_rate": float(self.alg.learning_rate),
+            "perf/env_steps_per_s": self.env.num_envs * self.ppo_cfg.num_steps_per_env / max(collect_s, 1e-9),
+            "perf/iteration_s": total_s,
+        }
+        metrics.update({f"loss/{k}": float(v) for k, v in losses.items()})
+        for key in sorted({k for log in logs for k in log}):
+            values = torch.cat([log[key].float().reshape(-1) for log in logs if key in log])
+            if values.numel():
+                metrics[f"train/{key.split('/')[-1]}"] = float(values.mean())
+        return metrics
+
+    def _diverged(self, message: str) -> None:
+        path = self.save(self.run_dir / "checkpoints" / "diverged.pt", extra={"diverged": message})
+        raise TrainingDiverged(f"{message}; state written to {path}")
+
+    # --------------------------------------------------------------------------------------------- evaluate
+    def policy_fn(self):
+        actor = self.alg.get_policy()
+
+        def act(obs: TensorDict) -> torch.Tensor:
+            return actor(obs)
+
+        return act
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Fixed-seed episodes from fixed start points in both directions (dropout off, greedy actions)."""
+        self.alg.eval_mode()
+        records = run_episodes(self.policy_fn(), self.eval_env, self.eval_cfg)
+        self.alg.train_mode()
+        return summarize(records, self.eval_env.optimal_lap_time)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        alg = self.alg
+        return {
+            "kind": TEACHER_KIND,
+            "format_version": 1,
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "actor": alg.get_policy().state_dict(),
+            "critic": alg._raw_critic.state_dict(),
+            "optimizer": alg.optimizer.state_dict(),
+            "learning_rate": float(alg.learning_rate),
+            "rng": rng_state(),
+            "env_state": self.env.state_dict(),
+            "policy_yaml": to_yaml(self.policy_cfg),
+            "ppo_yaml": to_yaml(self.ppo_cfg),
+            "env_yaml": to_yaml(self.env_cfg),
+            "run_config_yaml": self.run_config_yaml,
+            "action_space": json.dumps(self.env.action_space.to_metadata()),
+            "obs_layout": self.layout.to_dict(),
+            "history": json.dumps(self.history),
+            "git_sha": git_sha(),
+            "wandb_run_id": self.wandb_run_id,
+        }
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        payload = self.checkpoint()
+        if extra:
+            payload.update(extra)
+        return save_atomic(payload, path)
+
+    def resume(self, path: str | Path) -> None:
+        """Continue exactly where the checkpoint stopped (same configs, same device)."""
+        data = load_checkpoint(path, kind=TEACHER_KIND, required=("actor", "critic", "optimizer", "env_state", "rng"))
+        for key, mine in (("policy_yaml", self.policy_cfg), ("ppo_yaml", self.ppo_cfg), ("env_yaml", self.env_cfg)):
+            if data.get(key) != to_yaml(mine):
+                raise CheckpointError(
+                    f"{path}: {key[:-5]} configuration differs from this run's; resume needs the same"
+                )
+        alg = self.alg
+        try:
+            alg.get_policy().load_state_dict(data["actor"])
+            alg._raw_critic.load_state_dict(data["critic"])
+        except RuntimeError as err:
+            raise CheckpointError(f"{path}: weights do not fit this policy ({str(err)[:300]})") from None
+        alg.optimizer.load_state_dict(data["optimizer"])
+        alg.learning_rate = float(data["learning_rate"])
+        for group in alg.optimizer.param_groups:
+            group["lr"] = alg.learning_rate
+        self.env.load_state_dict(data["env_state"])
+        set_rng_state(data["rng"])
+        self.iteration, self.env_steps = int(data["iteration"]), int(data["env_steps"])
+        self.history = json.loads(data.get("history", "[]"))
+        self.wandb_run_id = data.get("wandb_run_id", "") or self.wandb_run_id
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest `iter_*.pt` of a run directory (what `--resume` continues from)."""
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("iter_*.pt"))
+    return ckpts[-1] if ckpts else None
