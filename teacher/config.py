@@ -20,6 +20,8 @@ class TeacherPolicyConfig:
     """activation of every hidden layer"""
     dropout: float = 0.3
     """dropout in the policy trunk (the DeepRacer team found 0.3 helps transfer); 0 switches it off"""
+    dropout_layers: int = 1
+    """how many of the last trunk layers dropout follows (more layers make PPO's ratios noisier)"""
     latent_dim: int = 8
     """size of z = mu(e), tanh-bounded"""
     encoder_hidden: tuple[int, ...] = (64,)
@@ -31,6 +33,7 @@ class TeacherPolicyConfig:
 
     def __post_init__(self) -> None:
         check_range("policy.dropout", self.dropout, 0.0, 0.9)
+        check_range("policy.dropout_layers", self.dropout_layers, 0, len(self.hidden_dims))
         check_range("policy.latent_dim", self.latent_dim, 1, 256)
         check_range("policy.init_std", self.init_std, 1e-3, 10.0)
         if not self.hidden_dims or not self.critic_hidden_dims:

@@ -11,16 +11,24 @@ ACTIVATIONS = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU,
 
 
 def mlp(
-    in_dim: int, out_dim: int, hidden: Sequence[int], activation: str = "elu", dropout: float = 0.0
+    in_dim: int,
+    out_dim: int,
+    hidden: Sequence[int],
+    activation: str = "elu",
+    dropout: float = 0.0,
+    dropout_layers: int | None = None,
 ) -> nn.Sequential:
-    """Linear -> activation -> (dropout) per hidden layer, then a linear output layer."""
+    """Linear -> activation per hidden layer, then a linear output layer.
+
+    Dropout follows the last `dropout_layers` hidden layers (None = all of them)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}; use one of {sorted(ACTIVATIONS)}")
     layers: list[nn.Module] = []
     last = in_dim
-    for width in hidden:
+    first_dropped = 0 if dropout_layers is None else len(hidden) - dropout_layers
+    for i, width in enumerate(hidden):
         layers += [nn.Linear(last, width), ACTIVATIONS[activation]()]
-        if dropout > 0:
+        if dropout > 0 and i >= first_dropped:
             layers.append(nn.Dropout(dropout))
         last = width
     layers.append(nn.Linear(last, out_dim))

@@ -38,6 +38,7 @@ class TeacherActorModel(MLPModel):
         latent_dim: int = 8,
         encoder_hidden: tuple[int, ...] = (64,),
         dropout: float = 0.3,
+        dropout_layers: int = 1,
     ) -> None:
         groups = obs_groups[obs_set]
         if groups != ["teacher", "env_factors"]:
@@ -49,7 +50,7 @@ class TeacherActorModel(MLPModel):
         )
         self.factor_encoder = FactorEncoder(self._split[1], latent_dim, encoder_hidden, activation)
         out_dim = self.distribution.input_dim if self.distribution is not None else output_dim
-        self.mlp = mlp(self._split[0] + latent_dim, out_dim, hidden_dims, activation, dropout)
+        self.mlp = mlp(self._split[0] + latent_dim, out_dim, hidden_dims, activation, dropout, dropout_layers)
         if self.distribution is not None:
             self.distribution.init_mlp_weights(self.mlp)
 
@@ -93,6 +94,7 @@ def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num
             "latent_dim": policy.latent_dim,
             "encoder_hidden": list(policy.encoder_hidden),
             "dropout": policy.dropout,
+            "dropout_layers": policy.dropout_layers,
         },
         "critic": {
             "class_name": "MLPModel",

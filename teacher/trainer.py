@@ -118,9 +118,11 @@ class TeacherTrainer:
             task = progress.add_task("train", total=cfg.iterations, completed=self.iteration, status="")
             while self.iteration < cfg.iterations:
                 t0 = time.time()
-                alg.train_mode()
+                # Rollouts act with the deterministic trunk (dropout off, as deployed); updates train with dropout.
+                alg.eval_mode()
                 obs, episode_logs, reward_sum = self._rollout(obs)
                 collect = time.time() - t0
+                alg.train_mode()
                 losses = alg.update()
                 for name, value in losses.items():
                     if not math.isfinite(value):
