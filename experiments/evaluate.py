@@ -21,7 +21,6 @@ from rich.table import Table
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError
-from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluate, evaluation_env_config
 from envs.racing.randomization import RandomizationConfig

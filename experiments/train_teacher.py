@@ -45,9 +45,10 @@ class TrainTeacherConfig:
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=6, laps=1, max_seconds=30.0))
     """periodic evaluation: fixed start points, both directions, the training randomization"""
     final_eval: EvalConfig = field(
-        default_factory=lambda: EvalConfig(start_points=25, repeats=2, laps=1, max_seconds=30.0, seed=4321)
+        default_factory=lambda: EvalConfig(start_points=50, repeats=2, laps=1, max_seconds=30.0, seed=4321)
     )
-    """the final report's evaluation (100 episodes per track by default, a seed the periodic evaluation never used)"""
+    """the final report's evaluation (100 episodes per direction and track, a seed the periodic evaluation never
+    used)"""
     generalization_tracks: tuple[str, ...] = ()
     """tracks the final teacher is also evaluated on (it never trained there)"""
     run_dir: str = "runs/teacher"

@@ -119,12 +119,14 @@ class RacingEnv:
         self._obs: TensorDict | None = None
 
     # ------------------------------------------------------------------------------------------------- resets
+    @torch.no_grad()
     def reset(self) -> tuple[TensorDict, dict]:
         """Reset every env (new randomization draw) and return the observations."""
         self._reset_idx(torch.arange(self.num_envs, device=self.device), first=True)
         self._obs = self._observe()
         return self._obs, {}
 
+    @torch.no_grad()
     def reset_to(self, env_ids: Tensor, start: Tensor, direction: Tensor) -> TensorDict:
         """Start new episodes for `env_ids` at lap fractions `start` `(M,)` driving `direction` `(M,)` (+1/-1), on the
         centerline; the world is randomized as configured. For evaluation with fixed start points."""
@@ -194,6 +196,7 @@ class RacingEnv:
         steer, speed = self.action_space.to_commands(actions.to(self.device), self._action_table)
         return self.calibration.apply(steer, speed)
 
+    @torch.no_grad()
     def step(self, actions: Tensor) -> tuple[TensorDict, Tensor, Tensor, dict]:
         cfg, dev = self.cfg, self.device
         steer, speed = self.commands(actions)

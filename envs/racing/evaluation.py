@@ -127,7 +127,8 @@ def summarize(records: list[EpisodeRecord], optimal_lap_time: float) -> dict[str
 def evaluation_env_config(env_cfg: EnvConfig, cfg: EvalConfig) -> EnvConfig:
     """The env config an evaluation runs: one env per episode, lap-count termination, its own seed."""
     term = replace(env_cfg.termination, episode_seconds=cfg.max_seconds, laps=cfg.laps)
-    return replace(env_cfg, num_envs=cfg.num_episodes, termination=term, seed=cfg.seed)
+    # Evaluation envs are small and built often: eager kernels (no per-size compilation).
+    return replace(env_cfg, num_envs=cfg.num_episodes, termination=term, seed=cfg.seed, compile=False)
 
 
 def episode_plan(cfg: EvalConfig) -> tuple[list[float], list[str]]:

@@ -20,7 +20,7 @@ class RewardConfig:
     """weight of the progress reward: metres advanced along the travel direction, divided by (max speed * dt)"""
     speed: float = 0.0
     """weight of speed / max speed"""
-    offtrack: float = -10.0
+    offtrack: float = -50.0
     """reward on the step the car leaves the track"""
     steering_rate: float = 0.0
     """weight of the squared change of the normalized steering command (smoothness)"""

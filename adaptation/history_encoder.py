@@ -1,0 +1,121 @@
+"""History encoder: the last K steps of (image embedding, previous action) -> z-hat and explicit estimates.
+
+RMA / HORA style: a causal temporal conv net (default) or a GRU over the per-step features. Outputs z-hat (regressed
+onto the teacher's z = mu(e)), action- and camera-latency class logits (in physics substeps), friction, motor gain
+and speed. Training runs over whole windows `(B, T, ...)` with a mask (False = padding before the episode start);
+deployment runs one step at a time with explicit state (`init_state` / `step`), which computes exactly what the
+window pass computes for the newest step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from envs.errors import check_range
+
+ESTIMATES = ("friction", "motor_gain", "speed")
+"""regressed scalars, in the order of the `estimates` output"""
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    """History encoder."""
+
+    kind: Literal["tcn", "gru", "none"] = "tcn"
+    """temporal conv net (RMA), GRU, or none (a memoryless student, for ablations)"""
+    channels: int = 64
+    """feature width"""
+    kernel: int = 5
+    """TCN kernel size"""
+    dilations: tuple[int, ...] = (1, 2, 4)
+    """TCN dilations; receptive field = 1 + (kernel - 1) * sum(dilations) steps"""
+    input_dim: int = 32
+    """per-step image features are projected to this size first"""
+
+    def __post_init__(self) -> None:
+        check_range("history.channels", self.channels, 4, 1024)
+        check_range("history.kernel", self.kernel, 2, 15)
+        check_range("history.input_dim", self.input_dim, 2, 1024)
+
+    @property
+    def receptive_field(self) -> int:
+        if self.kind == "tcn":
+            return 1 + (self.kernel - 1) * sum(self.dilations)
+        return 1
+
+
+class _CausalConv(nn.Module):
+    def __init__(self, channels: int, kernel: int, dilation: int) -> None:
+        super().__init__()
+        self.pad = (kernel - 1) * dilation
+        self.conv = nn.Conv1d(channels, channels, kernel, dilation=dilation)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, C, T)
+        return F.elu(self.conv(F.pad(x, (self.pad, 0)))) + x
+
+
+class HistoryEncoder(nn.Module):
+    """Per-step features `(B, T, embed + 2)` -> history features `(B, T, channels)` and estimate heads."""
+
+    def __init__(
+        self, cfg: HistoryConfig, embed_dim: int, latent_dim: int, act_latency_classes: int, cam_latency_classes: int
+    ):
+        super().__init__()
+        self.cfg = cfg
+        self.project = nn.Sequential(nn.Linear(embed_dim + 2, cfg.input_dim), nn.ELU())
+        if cfg.kind == "tcn":
+            self.inp = nn.Conv1d(cfg.input_dim, cfg.channels, 1)
+            self.blocks = nn.ModuleList(_CausalConv(cfg.channels, cfg.kernel, d) for d in cfg.dilations)
+        else:
+            self.gru = nn.GRU(cfg.input_dim, cfg.channels, batch_first=True)
+        c = cfg.channels
+        self.z_head = nn.Linear(c, latent_dim)
+        self.act_latency_head = nn.Linear(c, act_latency_classes)
+        self.cam_latency_head = nn.Linear(c, cam_latency_classes)
+        self.estimate_head = nn.Linear(c, len(ESTIMATES))
+        self.out_dim = c
+
+    # ------------------------------------------------------------------------------------------- sequences
+    def forward(self, steps: Tensor, mask: Tensor) -> Tensor:
+        """Causal features for every step of `(B, T, D)` windows; padded steps are zeroed before encoding."""
+        x = self.project(steps) * mask.unsqueeze(-1)
+        if self.cfg.kind == "tcn":
+            h = self.inp(x.transpose(1, 2))
+            for block in self.blocks:
+                h = block(h)
+            return h.transpose(1, 2)
+        h0 = torch.zeros(1, x.shape[0], self.cfg.channels, device=x.device)
+        out, _ = self.gru(x, h0)
+        return out
+
+    def heads(self, h: Tensor) -> dict[str, Tensor]:
+        return {
+            "z_hat": torch.tanh(self.z_head(h)),
+            "action_latency_logits": self.act_latency_head(h),
+            "camera_latency_logits": self.cam_latency_head(h),
+            "estimates": self.estimate_head(h),
+        }
+
+    # -------------------------------------------------------------------------------------------- one step
+    def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
+        """Deployment state: the last (receptive field - 1) projected inputs (TCN) or the GRU hidden state."""
+        if self.cfg.kind == "tcn":
+            return torch.zeros(n, self.cfg.receptive_field - 1, self.cfg.input_dim, device=device)
+        return torch.zeros(n, 1, self.cfg.channels, device=device)
+
+    def step(self, step_input: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One step `(N, D)` -> (features `(N, channels)`, new state)."""
+        x = self.project(step_input)
+        if self.cfg.kind == "tcn":
+            window = torch.cat([state, x.unsqueeze(1)], dim=1)  # (N, R, input_dim)
+            h = self.inp(window.transpose(1, 2))
+            for block in self.blocks:
+                h = block(h)
+            return h[:, :, -1], window[:, 1:]
+        out, hidden = self.gru(x.unsqueeze(1), state.transpose(0, 1).contiguous())
+        return out[:, -1], hidden.transpose(0, 1)

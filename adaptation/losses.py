@@ -1,0 +1,91 @@
+"""Adaptation losses and estimate metrics: z-hat regression, latency classification, scalar estimates."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from adaptation.history_encoder import ESTIMATES
+
+TARGET_COLUMNS = ("action_latency", "camera_latency", "friction", "motor_gain", "speed")
+"""columns of the dataset's `targets` field (latencies in seconds, speed in m/s)"""
+ESTIMATE_SCALE = {"friction": (1.0, 0.3), "motor_gain": (1.0, 0.15), "speed": (2.0, 1.5)}
+"""(centre, scale) used to normalize each regressed estimate"""
+
+
+def latency_class(seconds: Tensor, dt_physics: float, classes: int) -> Tensor:
+    """Latency in seconds -> class index (physics substeps), clamped to the class range."""
+    return torch.round(seconds / dt_physics).long().clamp(0, classes - 1)
+
+
+def normalized_targets(targets: Tensor) -> Tensor:
+    """`(..., 5)` dataset targets -> `(..., 3)` normalized regression targets (friction, motor gain, speed)."""
+    cols = []
+    for name in ESTIMATES:
+        centre, scale = ESTIMATE_SCALE[name]
+        cols.append((targets[..., TARGET_COLUMNS.index(name)] - centre) / scale)
+    return torch.stack(cols, dim=-1)
+
+
+def denormalize_estimates(estimates: Tensor) -> dict[str, Tensor]:
+    return {
+        name: estimates[..., i] * ESTIMATE_SCALE[name][1] + ESTIMATE_SCALE[name][0] for i, name in enumerate(ESTIMATES)
+    }
+
+
+def adaptation_losses(
+    heads: dict[str, Tensor], z: Tensor, targets: Tensor, mask: Tensor, dt_physics: float
+) -> dict[str, Tensor]:
+    """Masked mean losses over `(B, T)` positions: z-hat MSE, latency cross-entropies, estimate MSE."""
+    w = mask.float()
+    denom = w.sum().clamp(min=1.0)
+    z_loss = ((heads["z_hat"] - z).square().mean(-1) * w).sum() / denom
+    act_cls = latency_class(targets[..., 0], dt_physics, heads["action_latency_logits"].shape[-1])
+    cam_cls = latency_class(targets[..., 1], dt_physics, heads["camera_latency_logits"].shape[-1])
+    ce = lambda logits, cls: F.cross_entropy(logits.flatten(0, 1), cls.flatten(), reduction="none")  # noqa: E731
+    act_loss = (ce(heads["action_latency_logits"], act_cls) * w.flatten()).sum() / denom
+    cam_loss = (ce(heads["camera_latency_logits"], cam_cls) * w.flatten()).sum() / denom
+    est_loss = ((heads["estimates"] - normalized_targets(targets)).square().mean(-1) * w).sum() / denom
+    return {"z": z_loss, "action_latency": act_loss, "camera_latency": cam_loss, "estimates": est_loss}
+
+
+def r2_score(pred: Tensor, target: Tensor) -> float:
+    """Coefficient of determination (1 - SSE / SST)."""
+    pred, target = pred.double().flatten(), target.double().flatten()
+    sst = (target - target.mean()).square().sum()
+    if sst <= 0:
+        return float("nan")
+    return float(1.0 - (pred - target).square().sum() / sst)
+
+
+def estimate_metrics(
+    heads: dict[str, Tensor], targets: Tensor, dt_physics: float, frame_substeps: int
+) -> dict[str, float]:
+    """Quality of the explicit estimates on flat `(M, ...)` tensors.
+
+    Latency: exact-class accuracy and accuracy within one control frame (`frame_substeps`), for action latency and
+    for the total loop latency (action + camera), plus what always guessing the mean class would score.
+    """
+    act_cls = latency_class(targets[:, 0], dt_physics, heads["action_latency_logits"].shape[-1])
+    cam_cls = latency_class(targets[:, 1], dt_physics, heads["camera_latency_logits"].shape[-1])
+    act_pred = heads["action_latency_logits"].argmax(-1)
+    cam_pred = heads["camera_latency_logits"].argmax(-1)
+    total_err = (act_pred + cam_pred - act_cls - cam_cls).abs()
+    constant = torch.round(act_cls.float().mean()).long()
+    est = denormalize_estimates(heads["estimates"])
+    out = {
+        "action_latency_acc": float((act_pred == act_cls).float().mean()),
+        "action_latency_within_frame": float(((act_pred - act_cls).abs() <= frame_substeps).float().mean()),
+        "action_latency_within_frame_constant_guess": float(
+            ((constant - act_cls).abs() <= frame_substeps).float().mean()
+        ),
+        "loop_latency_within_frame": float((total_err <= frame_substeps).float().mean()),
+        "loop_latency_mae_ms": float(total_err.float().mean() * dt_physics * 1000.0),
+        "camera_latency_acc": float((cam_pred == cam_cls).float().mean()),
+    }
+    for name in ESTIMATES:
+        col = targets[:, TARGET_COLUMNS.index(name)]
+        out[f"{name}_r2"] = r2_score(est[name], col)
+        out[f"{name}_mae"] = float((est[name] - col).abs().mean())
+    return out

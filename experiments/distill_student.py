@@ -1,0 +1,165 @@
+"""Distill a saved teacher into the camera student with DAgger.
+
+    python -m experiments.distill_student default --teacher runs/teacher/checkpoints/iter_000400.pt
+    python -m experiments.distill_student default --teacher ... --dagger.beta zero        # ablation: β = 0
+    python -m experiments.distill_student default --teacher ... --student.history.kind none
+    python -m experiments.distill_student default --teacher ... --augment.enabled False
+    python -m experiments.distill_student default --teacher ... --resume runs/student      # continue exactly
+
+The run directory holds `data/` (one HDF5 shard per round + manifest.json), `checkpoints/round_*.pt`, `eval.json`,
+plots and a short camera video with the chosen actions; W&B gets the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from envs.augment import AugmentConfig
+from envs.config_io import to_yaml, write_text_atomic
+from envs.errors import ConfigError
+from envs.racing.evaluation import EvalConfig, evaluate
+from envs.racing.visualize import plot_trajectories, save_frame_strip
+from experiments.cli import run
+from experiments.wandb_logger import RunLogger, WandbConfig
+from student.dagger import DaggerConfig
+from student.distiller import Distiller
+from student.model import StudentConfig, StudentPolicy
+from teacher.policy import load_teacher
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """A DAgger distillation run."""
+
+    teacher: str = ""
+    """teacher checkpoint (required)"""
+    student: StudentConfig = field(default_factory=StudentConfig)
+    """student architecture"""
+    dagger: DaggerConfig = field(default_factory=DaggerConfig)
+    """DAgger schedule and sizes"""
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """training-time image augmentation"""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=4, laps=1, max_seconds=30.0))
+    """per-round evaluation"""
+    final_eval: EvalConfig = field(
+        default_factory=lambda: EvalConfig(start_points=10, repeats=2, laps=1, max_seconds=30.0, seed=4321)
+    )
+    """final comparison with the teacher (same episodes for both)"""
+    run_dir: str = "runs/student"
+    """run directory"""
+    resume: str = ""
+    """checkpoint, or run directory (its latest round), to continue"""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """W&B logging"""
+
+
+def latest_round(run_dir: Path) -> Path | None:
+    found = sorted((run_dir / "checkpoints").glob("round_*.pt"))
+    return found[-1] if found else None
+
+
+def camera_video(distiller: Distiller, steps: int = 90) -> tuple[np.ndarray, list[str]]:
+    """One env driven by the student from the start line: frames `(T, 1, H, W)` and the chosen actions."""
+    env_cfg = replace(
+        distiller.env_cfg, num_envs=1, randomization=replace(distiller.env_cfg.randomization, random_start=False)
+    )
+    from envs.racing.env import RacingEnv
+
+    env = RacingEnv(env_cfg)
+    policy = StudentPolicy(distiller.model, 1)
+    obs = env.get_observations()
+    frames, captions = [], []
+    for t in range(steps):
+        action = policy.act(obs)
+        if env.action_space.kind == "discrete":
+            angle, speed = env.action_space.choices[int(action[0, 0])]
+            captions.append(f"t={t / env_cfg.control_hz:.1f}s {angle:+.0f}° {speed:.1f}m/s")
+        frames.append(obs["camera"][0].numpy())
+        obs, _, dones, _ = env.step(action)
+        policy.reset(dones)
+    return np.stack(frames), captions
+
+
+def main(cfg: DistillConfig) -> dict:
+    if not cfg.teacher:
+        raise ConfigError("--teacher is required (a teacher checkpoint from experiments.train_teacher)")
+    console = Console()
+    run_dir = Path(cfg.run_dir)
+    ckpt = None
+    if cfg.resume:
+        ckpt = latest_round(Path(cfg.resume)) if Path(cfg.resume).is_dir() else Path(cfg.resume)
+        if ckpt is None:
+            raise ConfigError(f"--resume {cfg.resume}: no checkpoints/round_*.pt there")
+    teacher = load_teacher(cfg.teacher)
+    env_cfg = replace(teacher.env_cfg, compile=False)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    distiller = Distiller(teacher, env_cfg, cfg.student, cfg.dagger, cfg.augment, cfg.eval, run_dir, cfg.teacher)
+    if ckpt is not None:
+        distiller.resume(ckpt)
+        console.print(f"resumed from {ckpt} after round {distiller.round}")
+    logger = RunLogger(cfg.wandb, run_dir, name=run_dir.name, config=cfg)
+    distiller.log = logger.log
+    distiller.run()
+
+    # Final comparison: student and teacher on the same camera-env episodes.
+    eval_env_cfg = replace(distiller.env_cfg, termination=env_cfg.termination)
+    student_policy = StudentPolicy(distiller.model, cfg.final_eval.num_episodes)
+    s_metrics, s_records, env = evaluate(student_policy.act, eval_env_cfg, cfg.final_eval, reset=student_policy.reset)
+    t_metrics, _, _ = evaluate(teacher.act, eval_env_cfg, cfg.final_eval, env=env)
+    table = Table(title=f"student vs teacher ({cfg.final_eval.num_episodes} episodes, camera env, train randomization)")
+    for col in ("policy", "laps (fwd / rev)", "lap time (s)", "lap / optimal", "off-track"):
+        table.add_column(col)
+    for name, m in (("teacher", t_metrics), ("student", s_metrics)):
+        table.add_row(
+            name, f"{m['forward/lap_completion']:.0%} / {m['reverse/lap_completion']:.0%}", f"{m['lap_time']:.2f}",
+            f"{m['lap_time_ratio']:.2f}", f"{int(m['offtrack_count'])}",
+        )  # fmt: skip
+    console.print(table)
+    summary = {
+        "student": s_metrics,
+        "teacher": t_metrics,
+        "completion_ratio": s_metrics["lap_completion"] / max(t_metrics["lap_completion"], 1e-9),
+        "lap_time_ratio_vs_teacher": s_metrics["lap_time"] / t_metrics["lap_time"],
+        "rounds": distiller.round,
+        "samples": distiller.samples,
+        "dagger_minutes": getattr(distiller, "wall_minutes", float("nan")),
+        "history": distiller.history,
+    }
+    write_text_atomic(run_dir / "eval.json", json.dumps(summary, indent=2))
+    plot = plot_trajectories(
+        env.track, [r.path for r in s_records], run_dir / "student_trajectories.png",
+        colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in s_records],
+        title=f"student: {s_metrics['lap_completion']:.0%} laps completed (blue forward, orange reverse)",
+    )  # fmt: skip
+    frames, captions = camera_video(distiller)
+    strip = save_frame_strip(frames[::8], run_dir / "student_camera.png", captions[::8])
+    logger.image("plots/student_trajectories", plot, distiller.samples)
+    logger.image("plots/student_camera", strip, distiller.samples)
+    logger.video("video/student_camera", frames, distiller.samples)
+    last = latest_round(run_dir)
+    if last is not None:
+        logger.artifact(last, f"student-{run_dir.name}", "model")
+    logger.finish()
+    console.print(f"run directory: [bold]{run_dir.resolve()}[/] (checkpoints/, data/, eval.json, plots)")
+    return summary
+
+
+PRESETS = {
+    "default": ("10 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),
+    "smoke": ("2 tiny rounds (checks the pipeline)", DistillConfig(
+        dagger=DaggerConfig(rounds=2, envs=4, steps_per_round=20, train_steps=2, batch_windows=2, labels_per_window=4),
+        eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),
+        final_eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),
+        wandb=WandbConfig(mode="disabled"),
+    )),
+}  # fmt: skip
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)

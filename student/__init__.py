@@ -1,0 +1,1 @@
+"""The camera student: image encoder, policy head, DAgger distillation, deploy-time wrapper."""

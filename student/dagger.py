@@ -1,0 +1,176 @@
+"""DAgger: the camera student drives (β-mixed with the teacher), the teacher labels every visited state.
+
+Each round: reset the collection envs, drive `steps_per_round` steps choosing per env and step between the
+teacher's and the student's action (β schedule, optional gating), stage whole episodes per env and append them to
+this round's HDF5 shard; then train on windows sampled from all rounds' shards (aggregation), evaluate, checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from adaptation.losses import adaptation_losses
+from envs.errors import check_range
+from student.model import StudentModel
+
+
+@dataclass(frozen=True)
+class DaggerConfig:
+    """Schedule and sizes of a DAgger run."""
+
+    rounds: int = 10
+    """collection + training rounds"""
+    beta: Literal["lbc", "exponential", "zero"] = "lbc"
+    """probability that the teacher drives: lbc 0.5 * decay^round (student 0.5 + 0.5 (1 - decay^round)),
+    exponential decay^round, zero = the student always drives"""
+    beta_decay: float = 0.95
+    """decay of the beta schedule"""
+    gating: bool = False
+    """execute the student's action whenever the teacher gives it at least `gate_threshold` probability"""
+    gate_threshold: float = 0.2
+    """teacher probability above which the student's action is accepted (gating)"""
+    envs: int = 32
+    """collection envs"""
+    steps_per_round: int = 150
+    """control steps collected per env and round (episodes are reset at every round start)"""
+    train_steps: int = 150
+    """gradient steps per round"""
+    batch_windows: int = 16
+    """windows per gradient step"""
+    labels_per_window: int = 16
+    """supervised steps at the end of each window (the window adds the history encoder's context before them)"""
+    learning_rate: float = 5e-4
+    """Adam learning rate"""
+    z_weight: float = 1.0
+    """lambda of the z-hat regression loss"""
+    latency_weight: float = 0.2
+    """weight of the two latency classification losses"""
+    estimate_weight: float = 0.5
+    """weight of the friction / motor-gain / speed regression loss"""
+    cache_mb: int = 1024
+    """in-memory block cache of the dataset reader"""
+    max_minutes: float = 0.0
+    """stop after this much wall time (0 = none); the round in progress finishes first"""
+    seed: int = 0
+    """seed of the global RNG (student init, mixing, augmentation, window sampling)"""
+
+    def __post_init__(self) -> None:
+        check_range("dagger.rounds", self.rounds, 1, 100_000)
+        check_range("dagger.beta_decay", self.beta_decay, 0.0, 1.0)
+        check_range("dagger.gate_threshold", self.gate_threshold, 0.0, 1.0)
+        check_range("dagger.envs", self.envs, 1, 100_000)
+        check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
+        check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
+        check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)
+
+
+def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:
+    """β: the probability that the teacher's action is executed in a round."""
+    if cfg.beta == "zero":
+        return 0.0
+    if cfg.beta == "exponential":
+        return cfg.beta_decay**round_index
+    return 0.5 * cfg.beta_decay**round_index  # LbC: the student drives with 0.5 + 0.5 (1 - decay^round)
+
+
+def choose_actions(
+    cfg: DaggerConfig,
+    round_index: int,
+    teacher_logits: Tensor,
+    teacher_action: Tensor,
+    student_action: Tensor,
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """Executed actions `(N, 1)` and whether the student's was used `(N,)`."""
+    beta = teacher_probability(cfg, round_index)
+    use_student = torch.rand(teacher_action.shape[0], generator=generator) >= beta
+    if cfg.gating and teacher_logits.shape[-1] > 1:
+        probs = torch.softmax(teacher_logits, -1)
+        p_student = probs.gather(-1, student_action.long()).squeeze(-1)
+        use_student = use_student | (p_student >= cfg.gate_threshold)
+    executed = torch.where(use_student[:, None], student_action, teacher_action)
+    return executed, use_student
+
+
+def distillation_loss(outputs: Tensor, teacher_outputs: Tensor, mask: Tensor, kind: str) -> Tensor:
+    """Masked mean of KL(teacher || student) for discrete actions (cross-entropy up to the teacher's entropy),
+    MSE to the teacher's (clamped) mean for continuous actions."""
+    w = mask.float()
+    if kind == "discrete":
+        p = torch.softmax(teacher_outputs, -1)
+        per_step = (p * (torch.log_softmax(teacher_outputs, -1) - torch.log_softmax(outputs, -1))).sum(-1)
+    else:
+        per_step = (outputs - teacher_outputs.clamp(-1.0, 1.0)).square().mean(-1)
+    return (per_step * w).sum() / w.sum().clamp(min=1.0)
+
+
+def loss_mask(mask: Tensor, context: int) -> Tensor:
+    """Positions that carry a loss: real steps whose full context lies inside the window (or at an episode start,
+    where the padding is what deployment sees too)."""
+    t = mask.shape[1]
+    pos = torch.arange(t, device=mask.device)
+    starts_episode = ~mask[:, :1]  # left padding: the window begins at the episode start
+    full_context = pos[None, :] >= context
+    return mask & (full_context | starts_episode)
+
+
+def train_step(
+    model: StudentModel,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, np.ndarray],
+    cfg: DaggerConfig,
+    dt_physics: float,
+    augment_fn,
+) -> dict[str, float]:
+    """One gradient step on a batch of windows; returns the loss terms and the action agreement."""
+    mask = torch.from_numpy(batch["mask"])
+    camera = torch.from_numpy(batch["camera"]).float().div_(255.0)
+    camera = augment_fn(camera)
+    prev_action = torch.from_numpy(batch["prev_action"])
+    outputs, heads = model.forward_window(camera, prev_action, mask)
+    lmask = loss_mask(mask, model.cfg.context)
+    teacher_logits = torch.from_numpy(batch["teacher_logits"])
+    loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)
+    total = loss_action
+    terms = {"action": loss_action}
+    if heads:
+        ad = adaptation_losses(
+            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics
+        )
+        total = (
+            total
+            + cfg.z_weight * ad["z"]
+            + cfg.latency_weight * (ad["action_latency"] + ad["camera_latency"])
+            + cfg.estimate_weight * ad["estimates"]
+        )
+        terms.update({f"{k}": v for k, v in ad.items()})
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+    optimizer.step()
+    with torch.no_grad():
+        agree = (
+            (model.actions(outputs) == model.actions(teacher_logits)).all(-1).float()
+            if model.spec.kind == "discrete"
+            else None
+        )
+        stats = {f"loss/{k}": float(v) for k, v in terms.items()}
+        stats["loss/total"] = float(total)
+        if agree is not None:
+            stats["train/agreement"] = float((agree * lmask).sum() / lmask.sum().clamp(min=1))
+    for key, value in stats.items():
+        if not math.isfinite(value):
+            raise FloatingPointError(f"non-finite {key} in a student update")
+    return stats
+
+
+def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:
+    """Per-row cross-entropy between the target's softmax and `logits` (used by tests as a reference)."""
+    return -(torch.softmax(target_logits, -1) * F.log_softmax(logits, -1)).sum(-1)

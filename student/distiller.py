@@ -1,0 +1,282 @@
+"""The DAgger run: collection envs, shards and manifest, student training, evaluation, checkpoints and resume."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from adaptation.losses import TARGET_COLUMNS
+from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
+from datasets.rollouts import ShardWriter, WindowReader, add_shard, read_manifest, rollout_schema
+from datasets.staging import EpisodeStager
+from envs.augment import AugmentConfig, augment
+from envs.config_io import to_yaml
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
+from student.dagger import DaggerConfig, choose_actions, teacher_probability, train_step
+from student.loaded import STUDENT_KIND
+from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
+from teacher.policy import TeacherPolicy
+
+LogFn = Callable[[dict[str, float], int], None]
+
+
+def output_spec(env: RacingEnv, teacher: TeacherPolicy) -> OutputSpec:
+    space = env.action_space
+    rnd = env.cfg.randomization
+    max_act = rnd.action_latency_ms[1] if rnd.action_latency else rnd.nominal_action_latency_ms
+    max_cam = rnd.camera_latency_ms[1] if rnd.camera_latency else rnd.nominal_camera_latency_ms
+    to_classes = lambda ms: int(round(ms / 1000.0 / env.cfg.dt_physics)) + 1  # noqa: E731
+    return OutputSpec(
+        kind=space.kind,
+        num_outputs=space.num_choices if space.kind == "discrete" else 2,
+        latent_dim=teacher.actor.factor_encoder.latent_dim,
+        action_latency_classes=to_classes(max_act),
+        camera_latency_classes=to_classes(max_cam),
+    )
+
+
+def collection_env_config(env_cfg: EnvConfig, dagger: DaggerConfig) -> EnvConfig:
+    """The camera env the student drives in: one episode per env and round at most."""
+    seconds = dagger.steps_per_round / env_cfg.control_hz
+    term = replace(env_cfg.termination, episode_seconds=seconds, laps=0)
+    return replace(env_cfg, num_envs=dagger.envs, camera="projective", termination=term)
+
+
+class Distiller:
+    def __init__(
+        self,
+        teacher: TeacherPolicy,
+        env_cfg: EnvConfig,
+        student_cfg: StudentConfig,
+        dagger_cfg: DaggerConfig,
+        augment_cfg: AugmentConfig,
+        eval_cfg: EvalConfig,
+        run_dir: str | Path,
+        teacher_path: str = "",
+        log: LogFn | None = None,
+    ) -> None:
+        self.teacher, self.cfg, self.student_cfg, self.augment_cfg = teacher, dagger_cfg, student_cfg, augment_cfg
+        self.eval_cfg, self.run_dir, self.teacher_path = eval_cfg, Path(run_dir), teacher_path
+        self.log = log or (lambda metrics, step: None)
+        torch.manual_seed(dagger_cfg.seed)
+        self.env_cfg = collection_env_config(env_cfg, dagger_cfg)
+        self.env = RacingEnv(self.env_cfg)
+        teacher.check_env(self.env)
+        self.spec = output_spec(self.env, teacher)
+        self.model = StudentModel(student_cfg, self.spec)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
+        self.policy = StudentPolicy(self.model, dagger_cfg.envs)
+        self.eval_env = RacingEnv(
+            evaluation_env_config(replace(self.env_cfg, termination=env_cfg.termination), eval_cfg)
+        )
+        self.data_dir = self.run_dir / "data"
+        obs = self.env.get_observations()
+        self.schema = rollout_schema(self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1])
+        self.round, self.episodes, self.samples = 0, 0, 0
+        self.history: list[dict[str, float]] = []
+        self.aug_generator = torch.Generator().manual_seed(dagger_cfg.seed + 1)
+        self.mix_generator = torch.Generator().manual_seed(dagger_cfg.seed + 2)
+        self.np_rng = np.random.default_rng(dagger_cfg.seed + 3)
+
+    # --------------------------------------------------------------------------------------------- collect
+    @torch.no_grad()
+    def collect(self) -> dict[str, float]:
+        """Drive one round and write its shard (one whole episode per staged block)."""
+        env, cfg, r = self.env, self.cfg, self.round
+        obs, _ = env.reset()
+        self.policy.resize(env.num_envs)
+        stager = EpisodeStager(env.num_envs, cfg.steps_per_round, self.schema)
+        path = self.data_dir / f"round_{r:03d}.h5"
+        writer = ShardWriter(path, self.schema, attrs={"round": r, "teacher": self.teacher_path})
+        episode_ids = self.episodes + np.arange(env.num_envs)
+        self.episodes += env.num_envs
+        used_student, agree, rows_written = 0.0, 0.0, 0
+        for _ in range(cfg.steps_per_round):
+            step_in_ep = env.episode_length_buf.cpu().numpy().copy()
+            teacher_logits = self.teacher.logits(obs)
+            teacher_action = self.teacher.act(obs)
+            student_action = self.policy.act(obs)
+            executed, by_student = choose_actions(
+                cfg, r, teacher_logits, teacher_action, student_action, self.mix_generator
+            )
+            row = {
+                "camera": obs["camera"].cpu().numpy(),
+                "prev_action": obs["proprio"][:, :2].cpu().numpy(),
+                "teacher_logits": teacher_logits.cpu().numpy(),
+                "teacher_action": teacher_action[:, :1].cpu().numpy(),
+                "student_action": student_action[:, :1].cpu().numpy(),
+                "executed_action": executed[:, :1].cpu().numpy(),
+                "z": self.teacher.z(obs).cpu().numpy(),
+                "env_factors": obs["env_factors"].cpu().numpy(),
+                "targets": self.targets().cpu().numpy(),
+                "episode": episode_ids.copy(),
+                "step": step_in_ep.astype(np.int32),
+            }
+            obs, _, dones, extras = env.step(executed)
+            self.policy.reset(dones)
+            row["terminated"] = extras["terminated"].cpu().numpy()
+            row["truncated"] = extras["time_outs"].cpu().numpy()
+            stager.add(row)
+            used_student += float(by_student.float().mean())
+            agree += float((student_action == teacher_action).float().mean())
+            done_ids = np.nonzero(dones.cpu().numpy())[0]
+            if len(done_ids):
+                rows = stager.pop(done_ids)
+                writer.append(rows)
+                rows_written += len(rows["episode"])
+                episode_ids[done_ids] = self.episodes + np.arange(len(done_ids))
+                self.episodes += len(done_ids)
+        pending = stager.pending()
+        if len(pending):
+            rows = stager.pop(pending)
+            rows["truncated"][-1] = True
+            writer.append(rows)
+            rows_written += len(rows["episode"])
+        writer.close()
+        add_shard(self.data_dir, path, {"round": r, "rows": rows_written})
+        self.samples += rows_written
+        steps = cfg.steps_per_round
+        return {
+            "collect/beta": teacher_probability(cfg, r),
+            "collect/student_share": used_student / steps,
+            "collect/student_teacher_agreement": agree / steps,
+            "collect/rows": float(rows_written),
+        }
+
+    def targets(self) -> torch.Tensor:
+        """Per-env estimate targets `(N, 5)` in TARGET_COLUMNS order."""
+        env = self.env
+        cols = {
+            "action_latency": env.world.action_latency.float() * env.cfg.dt_physics,
+            "camera_latency": env.world.camera_latency.float() * env.cfg.dt_physics,
+            "friction": env.world.params.friction,
+            "motor_gain": env.world.params.motor_gain,
+            "speed": env.physics.state.vx,
+        }
+        return torch.stack([cols[c] for c in TARGET_COLUMNS], dim=-1)
+
+    # ----------------------------------------------------------------------------------------------- train
+    def train(self) -> dict[str, float]:
+        cfg = self.cfg
+        window = self.student_cfg.context + cfg.labels_per_window
+        fields = ("camera", "prev_action", "teacher_logits", "z", "targets")
+        reader = WindowReader(self.data_dir, fields, window, cache_bytes=cfg.cache_mb * 1024**2, schema=self.schema)
+        self.model.train()
+        sums: dict[str, float] = {}
+        try:
+            for _ in range(cfg.train_steps):
+                batch = reader.sample(cfg.batch_windows, self.np_rng)
+                stats = train_step(
+                    self.model, self.optimizer, batch, cfg, self.env_cfg.dt_physics,
+                    lambda x: augment(x, self.augment_cfg, self.aug_generator),
+                )  # fmt: skip
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        finally:
+            reader.close()
+        out = {k: v / cfg.train_steps for k, v in sums.items()}
+        out["data/rows"] = float(reader.total_rows)
+        return out
+
+    # --------------------------------------------------------------------------------------------- evaluate
+    def evaluate(self) -> dict[str, float]:
+        policy = StudentPolicy(self.model, self.eval_env.num_envs)
+        records = run_episodes(policy.act, self.eval_env, self.eval_cfg, reset=policy.reset)
+        return summarize(records, self.eval_env.optimal_lap_time)
+
+    # ---------------------------------------------------------------------------------------------- loop
+    def run(self, show_progress: bool = True) -> dict[str, float]:
+        cfg = self.cfg
+        start = time.time()
+        last: dict[str, float] = {}
+        progress = Progress(
+            TextColumn("[bold]DAgger"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"), disable=not show_progress,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("dagger", total=cfg.rounds, completed=self.round, status="")
+            while self.round < cfg.rounds:
+                t0 = time.time()
+                metrics = self.collect()
+                t1 = time.time()
+                metrics.update(self.train())
+                t2 = time.time()
+                last = self.evaluate()
+                metrics.update({f"eval/{k}": v for k, v in last.items()})
+                metrics.update({"perf/collect_s": t1 - t0, "perf/train_s": t2 - t1, "perf/eval_s": time.time() - t2})
+                metrics["dagger/round"] = float(self.round)
+                self.round += 1
+                self.history.append({"round": self.round, "samples": self.samples, **last})
+                self.log(metrics, self.samples)
+                self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
+                status = f"laps {last['lap_completion']:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
+                progress.update(task, completed=self.round, status=status)
+                if cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes:
+                    break
+        self.wall_minutes = (time.time() - start) / 60.0
+        return last
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> dict[str, Any]:
+        return {
+            "kind": STUDENT_KIND,
+            "format_version": 1,
+            "round": self.round,
+            "episodes": self.episodes,
+            "samples": self.samples,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state(),
+            "generators": {
+                "augment": self.aug_generator.get_state(),
+                "mix": self.mix_generator.get_state(),
+                "numpy": json.dumps(self.np_rng.bit_generator.state),
+            },
+            "env_state": self.env.state_dict(),
+            "student_yaml": to_yaml(self.student_cfg),
+            "dagger_yaml": to_yaml(self.cfg),
+            "augment_yaml": to_yaml(self.augment_cfg),
+            "env_yaml": to_yaml(self.env_cfg),
+            "output_spec": dict(self.spec.__dict__),
+            "action_space": json.dumps(self.env.action_space.to_metadata()),
+            "manifest": json.dumps(read_manifest(self.data_dir)),
+            "history": json.dumps(self.history),
+            "teacher_path": self.teacher_path,
+            "git_sha": git_sha(),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return save_atomic(self.checkpoint(), path)
+
+    def resume(self, path: str | Path) -> None:
+        """Continue after the checkpoint's round; a round interrupted later is redone from its start."""
+        data = load_checkpoint(path, kind=STUDENT_KIND, required=("model", "optimizer", "round", "env_state"))
+        for key, mine in (("student_yaml", self.student_cfg), ("dagger_yaml", self.cfg), ("env_yaml", self.env_cfg)):
+            if data.get(key) != to_yaml(mine):
+                raise CheckpointError(
+                    f"{path}: {key[:-5]} configuration differs from this run's; resume needs the same"
+                )
+        self.model.load_state_dict(data["model"])
+        self.optimizer.load_state_dict(data["optimizer"])
+        set_rng_state(data["rng"])
+        self.aug_generator.set_state(data["generators"]["augment"])
+        self.mix_generator.set_state(data["generators"]["mix"])
+        self.np_rng.bit_generator.state = json.loads(data["generators"]["numpy"])
+        self.env.load_state_dict(data["env_state"])
+        self.round, self.episodes, self.samples = int(data["round"]), int(data["episodes"]), int(data["samples"])
+        self.history = json.loads(data["history"])
+        # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
+        manifest = json.loads(data["manifest"])
+        from datasets.rollouts import write_manifest
+
+        write_manifest(self.data_dir, manifest)

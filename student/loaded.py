@@ -1,0 +1,64 @@
+"""A distilled student loaded from its checkpoint for evaluation and export: `load_student(path)`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from datasets.checkpoints import CheckpointError, load_checkpoint
+from envs.config_io import from_yaml
+from envs.racing.car import ActionSpace
+from envs.racing.config import EnvConfig
+from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
+
+STUDENT_KIND = "gapbridge.student"
+
+
+class LoadedStudent:
+    """Batched stateful driver (`act`, `reset`) plus what it was trained with."""
+
+    def __init__(self, model: StudentModel, action_space: ActionSpace, env_cfg: EnvConfig, source: str) -> None:
+        self.model, self.action_space, self.env_cfg, self.source = model.eval(), action_space, env_cfg, source
+        self._policy: StudentPolicy | None = None
+
+    def act(self, obs):
+        n = obs["camera"].shape[0]
+        if self._policy is None or self._policy.state.shape[0] != n:
+            self._policy = StudentPolicy(self.model, n)
+        return self._policy.act(obs)
+
+    def reset(self, dones) -> None:
+        if self._policy is not None:
+            self._policy.reset(dones)
+
+    @property
+    def last_heads(self):
+        return self._policy.last_heads if self._policy else {}
+
+    def check_env(self, env) -> None:
+        obs = env.get_observations()
+        if "camera" not in obs.keys():
+            raise CheckpointError(f"{self.source}: the student needs a camera env (env.camera projective or genesis)")
+        if tuple(obs["camera"].shape[1:]) != (1, 120, 160):
+            raise CheckpointError(
+                f"{self.source}: camera frames {tuple(obs['camera'].shape[1:])}, expected (1, 120, 160)"
+            )
+        if env.action_space != self.action_space:
+            raise CheckpointError(
+                f"{self.source}: action space mismatch (student {self.action_space.kind} "
+                f"{list(self.action_space.choices)[:3]}..., env {env.action_space.kind})"
+            )
+
+
+def load_student(path: str | Path) -> LoadedStudent:
+    data = load_checkpoint(path, kind=STUDENT_KIND, required=("model", "student_yaml", "env_yaml", "output_spec"))
+    cfg = from_yaml(StudentConfig, data["student_yaml"], "student")
+    spec = OutputSpec(**data["output_spec"])
+    model = StudentModel(cfg, spec)
+    try:
+        model.load_state_dict(data["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{path}: weights do not match the saved student config ({str(err)[:300]})") from None
+    env_cfg = from_yaml(EnvConfig, data["env_yaml"], "env")
+    space = ActionSpace.from_metadata(json.loads(data["action_space"]), source=f"{path} (action space)")
+    return LoadedStudent(model, space, env_cfg, str(path))

@@ -1,0 +1,85 @@
+"""Student networks: the DeepRacer shallow CNN image encoder and the policy head.
+
+The encoder takes raw camera frames (uint8 0-255 or float) and scales them inside the model, as the car feeds raw
+pixels. Its head is a flatten + linear layer (default) or a spatial softmax — never global average pooling, which
+throws away where the track is in the image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from envs.errors import check_range
+from teacher.networks import mlp
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Image encoder."""
+
+    channels: tuple[int, int, int] = (32, 64, 64)
+    """DeepRacer's shallow CNN: conv k8 s4, conv k4 s2, conv k3 s1"""
+    head: Literal["flatten", "spatial_softmax"] = "flatten"
+    """flatten + linear, or spatial-softmax keypoints"""
+    embed_dim: int = 128
+    """image embedding size"""
+    dropout: float = 0.0
+    """dropout on the embedding"""
+
+    def __post_init__(self) -> None:
+        check_range("encoder.embed_dim", self.embed_dim, 4, 4096)
+        check_range("encoder.dropout", self.dropout, 0.0, 0.9)
+
+
+class SpatialSoftmax(nn.Module):
+    """Expected (x, y) image position of each channel's activation: `(N, C, H, W)` -> `(N, 2C)`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, c, h, w = x.shape
+        attn = torch.softmax(x.reshape(n, c, h * w), dim=-1).reshape(n, c, h, w)
+        ys = torch.linspace(-1.0, 1.0, h, device=x.device)
+        xs = torch.linspace(-1.0, 1.0, w, device=x.device)
+        ex = (attn.sum(dim=2) * xs).sum(-1)
+        ey = (attn.sum(dim=3) * ys).sum(-1)
+        return torch.cat([ex, ey], dim=-1)
+
+
+class ImageEncoder(nn.Module):
+    """Frames `(N, 1, H, W)` (raw 0-255) -> embedding `(N, embed_dim)`."""
+
+    def __init__(self, cfg: EncoderConfig, image_hw: tuple[int, int] = (120, 160)) -> None:
+        super().__init__()
+        c1, c2, c3 = cfg.channels
+        self.conv = nn.Sequential(
+            nn.Conv2d(1, c1, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(c1, c2, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
+        )  # fmt: skip
+        with torch.no_grad():
+            feat = self.conv(torch.zeros(1, 1, *image_hw))
+        if cfg.head == "flatten":
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(feat.numel(), cfg.embed_dim), nn.ReLU())
+        else:
+            self.head = nn.Sequential(SpatialSoftmax(), nn.Linear(2 * c3, cfg.embed_dim), nn.ReLU())
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.embed_dim = cfg.embed_dim
+
+    def forward(self, frames: Tensor) -> Tensor:
+        x = frames.float() * (1.0 / 255.0) if frames.dtype == torch.uint8 else frames
+        return self.dropout(self.head(self.conv(x)))
+
+
+class PolicyHead(nn.Module):
+    """[image embedding, history features, previous action] -> action logits (or continuous action means)."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 128), dropout: float = 0.0):
+        super().__init__()
+        self.net = mlp(in_dim, out_dim, hidden, "elu", dropout, dropout_layers=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)

@@ -1,0 +1,89 @@
+import pytest
+import torch
+
+from adaptation.history_encoder import HistoryConfig, HistoryEncoder
+from adaptation.losses import adaptation_losses, estimate_metrics, latency_class, r2_score
+
+
+def make(kind="tcn"):
+    torch.manual_seed(0)
+    return HistoryEncoder(
+        HistoryConfig(kind=kind), embed_dim=6, latent_dim=3, act_latency_classes=7, cam_latency_classes=5
+    )
+
+
+@pytest.mark.parametrize("kind", ["tcn", "gru"])
+def test_step_by_step_equals_the_window_pass(kind):
+    enc = make(kind).eval()
+    r = enc.cfg.receptive_field
+    t = r + 9
+    steps = torch.randn(2, t, 8)
+    mask = torch.ones(2, t, dtype=torch.bool)
+    mask[1, :5] = False  # env 1's episode starts at step 5: left padding
+    steps[1, :5] = 123.0  # whatever is in the padding must not matter
+    full = enc(steps, mask)
+    state = enc.init_state(2)
+    outs = []
+    for i in range(t):
+        if i == 5:
+            state[1] = 0.0  # reset on done: env 1 starts its episode here
+        x = steps[:, i].clone()
+        h, state = enc.step(torch.where(mask[:, i : i + 1], x, torch.zeros_like(x)), state)
+        if i < 5:
+            h = h.clone()
+        outs.append(h)
+    stepped = torch.stack(outs, 1)
+    ctx = r - 1 if kind == "tcn" else 0
+    # env 0: identical once the window holds the full context (TCN) or from the start (GRU, same initial state).
+    assert torch.allclose(full[0, ctx:], stepped[0, ctx:], atol=1e-5)
+    # env 1: from its episode start on, the window pass sees zero padding exactly like a reset state.
+    start = 5
+    if kind == "gru":
+        h0 = torch.zeros(1, 1, enc.cfg.channels)
+        ref, _ = enc.gru(enc.project(steps[1:2, 5:]), h0)
+        assert torch.allclose(ref[0], stepped[1, start:], atol=1e-5)
+    else:
+        assert torch.allclose(full[1, start:], stepped[1, start:], atol=1e-5)
+
+
+def test_heads_shapes_and_ranges():
+    enc = make()
+    h = enc(torch.randn(4, 20, 8), torch.ones(4, 20, dtype=torch.bool))
+    heads = enc.heads(h)
+    assert h.shape == (4, 20, 64)
+    assert heads["z_hat"].shape == (4, 20, 3) and heads["z_hat"].abs().max() < 1
+    assert heads["action_latency_logits"].shape == (4, 20, 7)
+    assert heads["camera_latency_logits"].shape == (4, 20, 5)
+    assert heads["estimates"].shape == (4, 20, 3)
+
+
+def test_causality_future_steps_do_not_change_the_past():
+    enc = make()
+    x = torch.randn(1, 30, 8)
+    m = torch.ones(1, 30, dtype=torch.bool)
+    a = enc(x, m)
+    x2 = x.clone()
+    x2[:, 20:] += 5.0
+    b = enc(x2, m)
+    assert torch.allclose(a[:, :20], b[:, :20]) and not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def test_losses_and_metrics_by_hand():
+    assert latency_class(torch.tensor([0.0, 0.04, 0.1, 1.0]), 1 / 60, 7).tolist() == [0, 2, 6, 6]
+    assert r2_score(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(1.0)
+    assert r2_score(torch.full((3,), 2.0), torch.tensor([1.0, 2.0, 3.0])) == pytest.approx(0.0)
+    heads = {
+        "z_hat": torch.zeros(1, 2, 3),
+        "action_latency_logits": torch.tensor([[[10.0, 0, 0, 0, 0, 0, 0]] * 2]),
+        "camera_latency_logits": torch.tensor([[[0, 10.0, 0, 0, 0]] * 2]),
+        "estimates": torch.zeros(1, 2, 3),
+    }
+    targets = torch.tensor([[[0.0, 1 / 60, 1.0, 1.0, 2.0]] * 2])
+    z = torch.ones(1, 2, 3)
+    mask = torch.tensor([[True, False]])
+    losses = adaptation_losses(heads, z, targets, mask, 1 / 60)
+    assert losses["z"].item() == pytest.approx(1.0)
+    assert losses["estimates"].item() == pytest.approx(0.0, abs=1e-6)
+    assert losses["action_latency"].item() < 1e-3 and losses["camera_latency"].item() < 1e-3
+    m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4)
+    assert m["action_latency_acc"] == 1.0 and m["loop_latency_within_frame"] == 1.0

@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+import torch
+
+from envs.augment import AugmentConfig, augment
+from student.dagger import DaggerConfig, choose_actions, distillation_loss, loss_mask, teacher_probability
+from student.model import OutputSpec, StudentConfig, StudentModel
+from student.networks import EncoderConfig, ImageEncoder
+
+SPEC = OutputSpec(kind="discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
+
+
+def test_image_encoder_shapes_heads_and_raw_pixel_input():
+    frames = torch.randint(0, 256, (3, 1, 120, 160), dtype=torch.uint8)
+    for head in ("flatten", "spatial_softmax"):
+        enc = ImageEncoder(EncoderConfig(head=head))
+        e = enc(frames)
+        assert e.shape == (3, 128)
+        assert torch.allclose(e, enc(frames.float() / 255.0), atol=1e-5), "uint8 is scaled inside the model"
+    conv = ImageEncoder(EncoderConfig()).conv
+    assert [m.kernel_size[0] for m in conv if isinstance(m, torch.nn.Conv2d)] == [8, 4, 3]
+
+
+@pytest.mark.parametrize("kind", ["tcn", "gru", "none"])
+def test_student_window_and_step_agree(kind):
+    torch.manual_seed(0)
+    cfg = StudentConfig(history=StudentConfig().history.__class__(kind=kind))
+    model = StudentModel(cfg, SPEC).eval()
+    t = cfg.context + 3
+    cam = torch.randint(0, 256, (2, t, 1, 120, 160), dtype=torch.uint8)
+    prev = torch.rand(2, t, 2)
+    mask = torch.ones(2, t, dtype=torch.bool)
+    with torch.no_grad():
+        out_w, heads_w = model.forward_window(cam, prev, mask)
+        state = model.init_state(2)
+        outs = []
+        for i in range(t):
+            o, _, state = model.step(cam[:, i], prev[:, i], state)
+            outs.append(o)
+    stepped = torch.stack(outs, 1)
+    assert out_w.shape == (2, t, 10)
+    assert torch.allclose(out_w[:, cfg.context :], stepped[:, cfg.context :], atol=1e-4)
+    assert (kind == "none") == (heads_w == {})
+
+
+def test_beta_schedules():
+    lbc = DaggerConfig(beta="lbc")
+    assert [round(1 - teacher_probability(lbc, r), 6) for r in (0, 1, 10)] == [
+        0.5,
+        round(0.5 + 0.5 * 0.05, 6),
+        round(0.5 + 0.5 * (1 - 0.95**10), 6),
+    ]
+    assert teacher_probability(DaggerConfig(beta="exponential"), 0) == 1.0
+    assert teacher_probability(DaggerConfig(beta="exponential"), 3) == pytest.approx(0.95**3)
+    assert teacher_probability(DaggerConfig(beta="zero"), 0) == 0.0
+
+
+def test_mixing_and_gating():
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).repeat(n, 1)
+    teacher = torch.zeros(n, 1)
+    student = torch.full((n, 1), 2.0)
+    executed, by_student = choose_actions(DaggerConfig(beta="lbc"), 0, logits, teacher, student, g)
+    assert by_student.float().mean().item() == pytest.approx(0.5, abs=0.02)
+    assert torch.equal(executed[by_student], student[by_student])
+    gated, used = choose_actions(DaggerConfig(beta="exponential", gating=True, gate_threshold=0.2), 0, logits, teacher,
+                                 torch.ones(n, 1), g)  # fmt: skip
+    assert used.all(), "the teacher gives action 1 probability 0.3 >= 0.2: the student's action is accepted"
+
+
+def test_distillation_loss_hand_example():
+    teacher = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    student = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    expected = 0.5 * np.log(0.5 / 0.25) + 0.5 * np.log(0.5 / 0.75)
+    assert distillation_loss(student, teacher, torch.ones(1, 1, dtype=torch.bool), "discrete").item() == pytest.approx(
+        expected, rel=1e-5
+    )
+    assert distillation_loss(teacher, teacher, torch.ones(1, 1, dtype=torch.bool), "discrete").item() == pytest.approx(
+        0.0, abs=1e-6
+    )
+    mse = distillation_loss(
+        torch.tensor([[[0.0, 0.5]]]), torch.tensor([[[2.0, 0.5]]]), torch.ones(1, 1, dtype=torch.bool), "continuous"
+    )
+    assert mse.item() == pytest.approx(0.5)  # the teacher's 2.0 is clamped to 1.0
+
+
+def test_loss_mask_needs_full_context_or_an_episode_start():
+    mask = torch.tensor([[True] * 6, [False, False, True, True, True, True]])
+    lm = loss_mask(mask, context=3)
+    assert lm[0].tolist() == [False, False, False, True, True, True]
+    assert lm[1].tolist() == [False, False, True, True, True, True]
+
+
+def test_augmentations_keep_dtype_range_and_are_seeded():
+    x = torch.rand(4, 3, 1, 120, 160)
+    for name in ("color", "translate", "shadow", "sharpen", "noise"):
+        cfg = AugmentConfig.only(name)
+        a = augment(x, cfg, torch.Generator().manual_seed(1))
+        b = augment(x, cfg, torch.Generator().manual_seed(1))
+        c = augment(x, cfg, torch.Generator().manual_seed(2))
+        assert a.dtype == x.dtype and a.shape == x.shape
+        assert a.min() >= 0.0 and a.max() <= 1.0
+        assert torch.equal(a, b) and not torch.equal(a, c), name
+        assert not torch.equal(a, x), name
+    assert torch.equal(augment(x, AugmentConfig.off(), torch.Generator()), x)
+    # Window-consistent: the color change is the same for every frame of a window.
+    flat = torch.full((2, 4, 1, 8, 8), 0.5)
+    out = augment(flat, AugmentConfig.only("color"), torch.Generator().manual_seed(0))
+    assert torch.allclose(out[:, :1].expand_as(out), out)
