@@ -85,10 +85,13 @@ class HistoryEncoder(nn.Module):
         """Causal features for every step of `(B, T, D)` windows; padded steps are zeroed before encoding."""
         x = self.project(steps) * mask.unsqueeze(-1)
         if self.cfg.kind == "tcn":
-            h = self.inp(x.transpose(1, 2))
+            # Zero inputs before the window, as in a freshly reset deployment state (`init_state`): every output
+            # then equals what `step` computes whenever the window holds the step's context or its episode start.
+            context = self.cfg.receptive_field - 1
+            h = self.inp(F.pad(x, (0, 0, context, 0)).transpose(1, 2))
             for block in self.blocks:
                 h = block(h)
-            return h.transpose(1, 2)
+            return h[:, :, context:].transpose(1, 2)
         h0 = torch.zeros(1, x.shape[0], self.cfg.channels, device=x.device)
         out, _ = self.gru(x, h0)
         return out

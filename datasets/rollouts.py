@@ -61,7 +61,9 @@ class ShardWriter:
     def __init__(self, path: str | Path, schema: dict[str, Field], attrs: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = h5py.File(self.path, "w", libver="latest")
+        # Default (oldest) file format on purpose: no "open for writing" flag in the superblock, so a shard whose
+        # writer was killed opens normally and its first `n_valid` rows (flushed) are intact.
+        self.file = h5py.File(self.path, "w")
         self.schema = schema
         for name, f in schema.items():
             row_bytes = int(np.prod(f.shape or (1,))) * np.dtype(f.dtype).itemsize
@@ -74,7 +76,6 @@ class ShardWriter:
         self.file.attrs["complete"] = False
         for k, v in (attrs or {}).items():
             self.file.attrs[k] = v
-        self.file.swmr_mode = True  # readers see a consistent file up to the last flush
         self.n_valid = 0
 
     def append(self, rows: dict[str, np.ndarray]) -> None:
@@ -136,7 +137,7 @@ def validate_shard(path: str | Path, schema: dict[str, Field] | None = None) -> 
     """Check schema version, fields and `n_valid`; returns the number of valid rows or raises ShardError."""
     path = Path(path)
     try:
-        with h5py.File(path, "r", swmr=True) as f:
+        with h5py.File(path, "r") as f:
             version = f.attrs.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise ShardError(f"{path}: schema version {version}, expected {SCHEMA_VERSION}")
@@ -213,7 +214,7 @@ class WindowReader:
                 continue
             if n_valid == 0:
                 continue
-            f = h5py.File(path, "r", swmr=True)
+            f = h5py.File(path, "r")
             step = f["step"][:n_valid].astype(np.int64)
             self.files.append(f)
             starts.append(np.arange(n_valid) - step)  # first row of each row's episode
