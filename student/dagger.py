@@ -40,11 +40,11 @@ class DaggerConfig:
     """collection envs"""
     steps_per_round: int = 150
     """control steps collected per env and round (episodes are reset at every round start)"""
-    train_steps: int = 150
+    train_steps: int = 100
     """gradient steps per round"""
-    batch_windows: int = 16
+    batch_windows: int = 12
     """windows per gradient step"""
-    labels_per_window: int = 16
+    labels_per_window: int = 36
     """supervised steps at the end of each window (the window adds the history encoder's context before them)"""
     learning_rate: float = 5e-4
     """Adam learning rate"""
@@ -134,8 +134,10 @@ def train_step(
     camera = torch.from_numpy(batch["camera"]).float().div_(255.0)
     camera = augment_fn(camera)
     prev_action = torch.from_numpy(batch["prev_action"])
-    outputs, heads = model.forward_window(camera, prev_action, mask)
     lmask = loss_mask(mask, model.cfg.context)
+    # Frames before the first supervised position only feed the history: no gradient through the CNN there.
+    first_label = int(lmask.float().argmax(dim=1).min()) if bool(lmask.any()) else 0
+    outputs, heads = model.forward_window(camera, prev_action, mask, context_no_grad=first_label)
     teacher_logits = torch.from_numpy(batch["teacher_logits"])
     loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)
     total = loss_action

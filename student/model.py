@@ -74,10 +74,22 @@ class StudentModel(nn.Module):
             head_in = e + self.history.out_dim + 2
         self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
 
-    def forward_window(self, camera: Tensor, prev_action: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads."""
+    def forward_window(
+        self, camera: Tensor, prev_action: Tensor, mask: Tensor, context_no_grad: int = 0
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads.
+
+        The first `context_no_grad` frames of each window are encoded without gradients (they only feed the
+        history of later steps), which saves two thirds of their cost in training."""
         b, t = camera.shape[:2]
-        emb = self.encoder(camera.flatten(0, 1)).view(b, t, -1)
+        c = min(context_no_grad, t)
+        if c > 0:
+            with torch.no_grad():
+                ctx = self.encoder(camera[:, :c].flatten(0, 1)).view(b, c, -1)
+            rest = self.encoder(camera[:, c:].flatten(0, 1)).view(b, t - c, -1)
+            emb = torch.cat([ctx, rest], dim=1)
+        else:
+            emb = self.encoder(camera.flatten(0, 1)).view(b, t, -1)
         prev_action = prev_action * mask.unsqueeze(-1)
         if self.history is None:
             return self.head(torch.cat([emb, prev_action], -1)), {}

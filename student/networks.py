@@ -68,10 +68,12 @@ class ImageEncoder(nn.Module):
             self.head = nn.Sequential(SpatialSoftmax(), nn.Linear(2 * c3, cfg.embed_dim), nn.ReLU())
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.embed_dim = cfg.embed_dim
+        self.conv.to(memory_format=torch.channels_last)  # ~1.6x faster convolutions on CPUs (oneDNN)
 
     def forward(self, frames: Tensor) -> Tensor:
         x = frames.float() * (1.0 / 255.0) if frames.dtype == torch.uint8 else frames
-        return self.dropout(self.head(self.conv(x)))
+        x = self.conv(x.contiguous(memory_format=torch.channels_last))
+        return self.dropout(self.head(x.contiguous()))
 
 
 class PolicyHead(nn.Module):
