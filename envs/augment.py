@@ -1,9 +1,12 @@
 """Batched image augmentations applied when training the student (the DeepRacer team's transfer list).
 
-Random color (brightness / contrast / gamma: their most effective), translation, shadows, sharpening or blur, and
-salt-and-pepper noise; each switchable with its own probability. Inputs are float images in [0, 1] shaped
-`(B, T, 1, H, W)`: parameters are drawn once per window (B) so a history sees one consistent camera, except the
-per-frame sensor noise. Deterministic under the passed generator; outputs keep dtype, shape and the [0, 1] range.
+Random color (tone curve / contrast / brightness: their most effective), translation, shadows, sharpening or blur,
+and salt-and-pepper noise; each switchable with its own probability. Input: raw frames `(B, T, 1, H, W)` (uint8
+0-255, or float in [0, 1]); output: float in [0, 1], same shape. Parameters are drawn once per window (B) so a
+history sees one consistent camera; the noise pixels change every frame. Deterministic under the passed generator.
+
+The photometric part (color, shadow, sharpen) is one fused pure function (`photometric`) that takes neutral
+parameters for windows not selected, so it can be compiled into a single pass over the pixels.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from envs.errors import check_range
+from envs.jit import maybe_compile
 
 
 @dataclass(frozen=True)
@@ -24,13 +28,13 @@ class AugmentConfig:
     enabled: bool = True
     """master switch"""
     color_p: float = 0.8
-    """probability of a random brightness / contrast / gamma change"""
+    """probability of a random tone curve / contrast / brightness change"""
     brightness: float = 0.25
     """brightness shift range ± (fraction of full scale)"""
     contrast: tuple[float, float] = (0.6, 1.4)
     """contrast gain range"""
-    gamma: tuple[float, float] = (0.7, 1.5)
-    """gamma range"""
+    tone: float = 0.6
+    """tone-curve strength range ±: y = x + a x (1 - x) (a > 0 brightens mid-tones like gamma < 1)"""
     translate_p: float = 0.5
     """probability of a random shift"""
     translate_px: int = 8
@@ -54,6 +58,7 @@ class AugmentConfig:
         check_range("augment.translate_px", self.translate_px, 0, 60)
         check_range("augment.noise_density", self.noise_density, 0.0, 0.5)
         check_range("augment.brightness", self.brightness, 0.0, 1.0)
+        check_range("augment.tone", self.tone, 0.0, 1.0)
 
     @classmethod
     def off(cls) -> AugmentConfig:
@@ -67,92 +72,93 @@ class AugmentConfig:
         return cls(**probs)
 
 
-def _per_window(b: int, p: float, g: torch.Generator, device) -> Tensor:
-    return torch.rand(b, generator=g, device=device) < p
-
-
 def _uniform(b: int, lo: float, hi: float, g: torch.Generator, device) -> Tensor:
     return lo + (hi - lo) * torch.rand(b, generator=g, device=device)
 
 
-def color(x: Tensor, on: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
-    b, dev = x.shape[0], x.device
-    shape = (b, 1, 1, 1, 1)
-    gamma = torch.where(on, _uniform(b, *cfg.gamma, g, dev), 1.0).view(shape)
-    gain = torch.where(on, _uniform(b, *cfg.contrast, g, dev), 1.0).view(shape)
-    shift = torch.where(on, _uniform(b, -cfg.brightness, cfg.brightness, g, dev), 0.0).view(shape)
-    x = x.clamp(min=1e-6).pow(gamma)
-    mean = x.mean(dim=(2, 3, 4), keepdim=True)
-    return ((x - mean) * gain + mean + shift).clamp(0.0, 1.0)
-
-
-def translate(x: Tensor, on: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
+def photometric(x: Tensor, tone: Tensor, gain: Tensor, shift: Tensor, shadow: Tensor, sharp: Tensor) -> Tensor:
+    """Color, shadow and sharpen in one pass. x `(B, T, 1, H, W)` in [0, 1] (or uint8); per-window parameters
+    `(B,)`: tone, contrast gain, brightness shift, shadow `(B, 4)` = (cos, sin, offset, strength), sharpen amount."""
+    if x.dtype == torch.uint8:
+        x = x.float() * (1.0 / 255.0)
     b, t, c, h, w = x.shape
-    dev = x.device
-    dx = torch.where(on, torch.randint(-cfg.translate_px, cfg.translate_px + 1, (b,), generator=g, device=dev), 0)
-    dy = torch.where(on, torch.randint(-cfg.translate_px, cfg.translate_px + 1, (b,), generator=g, device=dev), 0)
-    theta = torch.zeros(b, 2, 3, device=dev)
-    theta[:, 0, 0] = 1.0
-    theta[:, 1, 1] = 1.0
-    theta[:, 0, 2] = -2.0 * dx.float() / w
-    theta[:, 1, 2] = -2.0 * dy.float() / h
-    theta = theta.repeat_interleave(t, dim=0)
-    flat = x.reshape(b * t, c, h, w)
-    grid = F.affine_grid(theta, list(flat.shape), align_corners=False)
-    out = F.grid_sample(flat, grid, mode="nearest", padding_mode="border", align_corners=False)
-    return out.reshape(x.shape)
+    v = (b, 1, 1, 1, 1)
+    y = torch.addcmul(x, tone.view(v) * x, 1.0 - x)
+    y = (y - 0.5) * gain.view(v) + (0.5 + shift.view(v))
+    ys = torch.linspace(-1.0, 1.0, h, device=x.device).view(1, 1, 1, h, 1)
+    xs = torch.linspace(-1.0, 1.0, w, device=x.device).view(1, 1, 1, 1, w)
+    inside = shadow[:, 0].view(v) * xs + shadow[:, 1].view(v) * ys > shadow[:, 2].view(v)
+    y = torch.where(inside, y * shadow[:, 3].view(v), y)
+    blur = F.avg_pool2d(y.reshape(b * t, c, h, w), 3, stride=1, padding=1, count_include_pad=False).view(y.shape)
+    return torch.addcmul(y, sharp.view(v), y - blur).clamp(0.0, 1.0)
 
 
-def shadow(x: Tensor, on: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
-    b, _, _, h, w = x.shape
-    dev = x.device
-    angle = _uniform(b, 0.0, 2 * torch.pi, g, dev)
-    offset = _uniform(b, -0.6, 0.6, g, dev)
-    strength = torch.where(on, _uniform(b, *cfg.shadow_strength, g, dev), 1.0)
-    ys = torch.linspace(-1, 1, h, device=dev).view(1, h, 1)
-    xs = torch.linspace(-1, 1, w, device=dev).view(1, 1, w)
-    side = torch.cos(angle).view(b, 1, 1) * xs + torch.sin(angle).view(b, 1, 1) * ys > offset.view(b, 1, 1)
-    factor = torch.where(side, strength.view(b, 1, 1), 1.0)  # (B, H, W)
-    return x * factor[:, None, None]
+_compiled_photometric = maybe_compile(photometric, True)
 
 
-def sharpen(x: Tensor, on: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
-    b, t, c, h, w = x.shape
-    amount = torch.where(on, _uniform(b, -cfg.sharpen_amount, cfg.sharpen_amount, g, x.device), 0.0)
-    flat = x.reshape(b * t, c, h, w)
-    kernel = torch.full((1, 1, 3, 3), 1.0 / 9.0, device=x.device)
-    blur = F.conv2d(F.pad(flat, (1, 1, 1, 1), mode="replicate"), kernel).reshape(x.shape)
-    # amount > 0 sharpens (unsharp mask); amount < 0 blends toward the blurred image.
-    out = torch.where(
-        (amount >= 0).view(b, 1, 1, 1, 1),
-        x + amount.view(b, 1, 1, 1, 1) * (x - blur),
-        x + (-amount).view(b, 1, 1, 1, 1) * (blur - x),
-    )
-    return out.clamp(0.0, 1.0)
+def translate_(x: Tensor, dx: list[int], dy: list[int], windows: list[int]) -> None:
+    """Shift the given windows in place by whole pixels; uncovered borders repeat the nearest edge."""
+    h, w = x.shape[-2:]
+    for i, sx, sy in zip(windows, dx, dy):
+        src = x[i].clone()
+        x[i, :, :, max(0, sy) : h - max(0, -sy), max(0, sx) : w - max(0, -sx)] = src[
+            :, :, max(0, -sy) : h - max(0, sy), max(0, -sx) : w - max(0, sx)
+        ]
+        if sy > 0:
+            x[i, :, :, :sy] = x[i, :, :, sy : sy + 1]
+        elif sy < 0:
+            x[i, :, :, h + sy :] = x[i, :, :, h + sy - 1 : h + sy]
+        if sx > 0:
+            x[i, :, :, :, :sx] = x[i, :, :, :, sx : sx + 1]
+        elif sx < 0:
+            x[i, :, :, :, w + sx :] = x[i, :, :, :, w + sx - 1 : w + sx]
 
 
-def salt_pepper(x: Tensor, on: Tensor, cfg: AugmentConfig, g: torch.Generator) -> Tensor:
-    b = x.shape[0]
-    density = torch.where(on, _uniform(b, 0.0, cfg.noise_density, g, x.device), 0.0).view(b, 1, 1, 1, 1)
-    u = torch.rand(x.shape, generator=g, device=x.device)
-    x = torch.where(u < density / 2, 0.0, x)
-    return torch.where(u > 1.0 - density / 2, 1.0, x)
+def salt_pepper_(x: Tensor, density: list[float], windows: list[int], g: torch.Generator) -> None:
+    """Set `density` of each given window's pixels to black or white, in place (new pixels every frame)."""
+    per_window = x[0].numel()
+    for i, d in zip(windows, density):
+        k = int(d * per_window)
+        if k == 0:
+            continue
+        where = torch.randint(0, per_window, (k,), generator=g, device=x.device)
+        value = (torch.rand(k, generator=g, device=x.device) < 0.5).to(x.dtype)
+        x[i].view(-1).index_put_((where,), value)
 
 
-def augment(x: Tensor, cfg: AugmentConfig, generator: torch.Generator) -> Tensor:
-    """Augment float images `(B, T, 1, H, W)` in [0, 1]."""
+def augment(x: Tensor, cfg: AugmentConfig, generator: torch.Generator, compiled: bool = False) -> Tensor:
+    """Augment raw frames `(B, T, 1, H, W)` (uint8 or float in [0, 1]) -> new float tensor in [0, 1].
+
+    `compiled` runs the fused photometric pass through torch.compile (for fixed training batch shapes)."""
     if not cfg.enabled:
-        return x
-    b, dev = x.shape[0], x.device
-    steps = (
-        ("color", cfg.color_p, color),
-        ("translate", cfg.translate_p, translate),
-        ("shadow", cfg.shadow_p, shadow),
-        ("sharpen", cfg.sharpen_p, sharpen),
-        ("noise", cfg.noise_p, salt_pepper),
-    )
-    for _, p, fn in steps:
-        on = _per_window(b, p, generator, dev)  # drawn even when p == 0, so the stream never depends on the mix
-        if p > 0 and bool(on.any()):
-            x = fn(x, on, cfg, generator)
-    return x
+        return x.float() * (1.0 / 255.0) if x.dtype == torch.uint8 else x.clone()
+    b, dev, g = x.shape[0], x.device, generator
+    on = {name: torch.rand(b, generator=g, device=dev) < p for name, p in (
+        ("color", cfg.color_p), ("translate", cfg.translate_p), ("shadow", cfg.shadow_p),
+        ("sharpen", cfg.sharpen_p), ("noise", cfg.noise_p),
+    )}  # fmt: skip
+    # Parameters for every window (neutral where an augmentation is off), so the stream is independent of the mix.
+    tone = torch.where(on["color"], _uniform(b, -cfg.tone, cfg.tone, g, dev), 0.0)
+    gain = torch.where(on["color"], _uniform(b, *cfg.contrast, g, dev), 1.0)
+    shift = torch.where(on["color"], _uniform(b, -cfg.brightness, cfg.brightness, g, dev), 0.0)
+    angle = _uniform(b, 0.0, 2 * torch.pi, g, dev)
+    shadow = torch.stack([
+        torch.cos(angle), torch.sin(angle), _uniform(b, -0.6, 0.6, g, dev),
+        torch.where(on["shadow"], _uniform(b, *cfg.shadow_strength, g, dev), 1.0),
+    ], dim=1)  # fmt: skip
+    sharp = torch.where(on["sharpen"], _uniform(b, -cfg.sharpen_amount, cfg.sharpen_amount, g, dev), 0.0)
+    m = cfg.translate_px
+    dx = torch.randint(-m, m + 1, (b,), generator=g, device=dev).tolist()
+    dy = torch.randint(-m, m + 1, (b,), generator=g, device=dev).tolist()
+    density = _uniform(b, 0.0, cfg.noise_density, g, dev).tolist()
+
+    moved = on["translate"].nonzero(as_tuple=True)[0].tolist()
+    if moved:
+        x = x.clone()
+        translate_(x, [dx[i] for i in moved], [dy[i] for i in moved], moved)
+    fn = _compiled_photometric if compiled else photometric
+    out = fn(x, tone, gain, shift, shadow, sharp)
+    noisy = on["noise"].nonzero(as_tuple=True)[0].tolist()
+    if noisy:
+        salt_pepper_(out, [density[i] for i in noisy], noisy, g)
+    return out

@@ -131,8 +131,7 @@ def train_step(
 ) -> dict[str, float]:
     """One gradient step on a batch of windows; returns the loss terms and the action agreement."""
     mask = torch.from_numpy(batch["mask"])
-    camera = torch.from_numpy(batch["camera"]).float().div_(255.0)
-    camera = augment_fn(camera)
+    camera = augment_fn(torch.from_numpy(batch["camera"]))  # uint8 in, float [0, 1] out
     prev_action = torch.from_numpy(batch["prev_action"])
     lmask = loss_mask(mask, model.cfg.context)
     # Frames before the first supervised position only feed the history: no gradient through the CNN there.

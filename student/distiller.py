@@ -178,7 +178,7 @@ class Distiller:
                 batch = reader.sample(cfg.batch_windows, self.np_rng)
                 stats = train_step(
                     self.model, self.optimizer, batch, cfg, self.env_cfg.dt_physics,
-                    lambda x: augment(x, self.augment_cfg, self.aug_generator),
+                    lambda x: augment(x, self.augment_cfg, self.aug_generator, compiled=True),
                 )  # fmt: skip
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v

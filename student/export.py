@@ -1,0 +1,156 @@
+"""Export the student for the car: ONNX with explicit recurrent state, a stateless stock-software variant, OpenVINO
+IR, DeepRacer `model_metadata.json`, ONNX metadata, and a `carfile.tar.gz` bundle.
+
+Stateful graph (`student.onnx`): inputs `camera` (1, 1, 120, 160) float32 raw pixels 0-255 (scaling is inside the
+graph, as the car feeds raw pixels), `prev_action` (1, 2), `history_in`; outputs `action_logits`, `history_out`,
+`z_hat`, `action_latency_probs`, `camera_latency_probs`, `estimates` (friction, motor gain, speed).
+
+Stateless graph (`student_stateless.onnx`) for the stock car software: one input `FRONT_FACING_CAMERA` with the last
+K frames stacked as channels (oldest first), first output `action_probs`. It cannot see its previous actions (the
+stock software does not feed them), so it runs the history over the stacked frames with zero previous actions.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from adaptation.history_encoder import ESTIMATES
+from adaptation.losses import ESTIMATE_SCALE
+from student.model import StudentModel
+
+OPSET = 17
+
+
+class StatefulGraph(nn.Module):
+    """One control step with explicit state, deterministic (eval mode)."""
+
+    def __init__(self, model: StudentModel) -> None:
+        super().__init__()
+        self.model = model.eval()
+
+    def forward(self, camera: Tensor, prev_action: Tensor, history_in: Tensor):
+        outputs, heads, history_out = self.model.step(camera * (1.0 / 255.0), prev_action, history_in)
+        if not heads:
+            zero = torch.zeros(camera.shape[0], 1)
+            return outputs, history_out, zero, zero, zero, zero
+        est = heads["estimates"]
+        scale = torch.tensor([ESTIMATE_SCALE[n][1] for n in ESTIMATES])
+        centre = torch.tensor([ESTIMATE_SCALE[n][0] for n in ESTIMATES])
+        return (
+            outputs,
+            history_out,
+            heads["z_hat"],
+            torch.softmax(heads["action_latency_logits"], -1),
+            torch.softmax(heads["camera_latency_logits"], -1),
+            est * scale + centre,
+        )
+
+
+class StatelessGraph(nn.Module):
+    """K stacked frames (1, K, 120, 160) raw -> action probabilities; history recomputed over the stack."""
+
+    def __init__(self, model: StudentModel, frames: int) -> None:
+        super().__init__()
+        self.model, self.frames = model.eval(), frames
+
+    def forward(self, stacked: Tensor) -> Tensor:
+        cam = stacked.unsqueeze(2) * (1.0 / 255.0)  # (1, K, 1, H, W)
+        prev = torch.zeros(stacked.shape[0], self.frames, 2)
+        mask = torch.ones(stacked.shape[0], self.frames, dtype=torch.bool)
+        outputs, _ = self.model.forward_window(cam, prev, mask)
+        return torch.softmax(outputs[:, -1], -1)
+
+
+OUTPUT_NAMES = ["action_logits", "history_out", "z_hat", "action_latency_probs", "camera_latency_probs", "estimates"]
+
+
+def export_stateful(model: StudentModel, path: Path) -> Path:
+    graph = StatefulGraph(model)
+    state = model.init_state(1)
+    dummy = (torch.zeros(1, 1, 120, 160), torch.zeros(1, 2), state)
+    torch.onnx.export(
+        graph, dummy, str(path), input_names=["camera", "prev_action", "history_in"], output_names=OUTPUT_NAMES,
+        opset_version=OPSET, dynamo=False, external_data=False,
+    )  # fmt: skip
+    return path
+
+
+def export_stateless(model: StudentModel, path: Path, frames: int) -> Path:
+    graph = StatelessGraph(model, frames)
+    torch.onnx.export(
+        graph, (torch.zeros(1, frames, 120, 160),), str(path), input_names=["FRONT_FACING_CAMERA"],
+        output_names=["action_probs"], opset_version=OPSET, dynamo=False, external_data=False,
+    )  # fmt: skip
+    return path
+
+
+def add_metadata(path: Path, props: dict[str, str]) -> None:
+    """Write `metadata_props` into an ONNX file (atomically) and check the model."""
+    import onnx
+
+    m = onnx.load(str(path))
+    del m.metadata_props[:]
+    for k, v in props.items():
+        entry = m.metadata_props.add()
+        entry.key, entry.value = k, v
+    onnx.checker.check_model(m)
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save(m, str(tmp))
+    tmp.replace(path)
+
+
+def export_openvino(onnx_path: Path, out_xml: Path) -> Path | None:
+    """OpenVINO IR (`.xml` + `.bin`) from the ONNX file; None when openvino is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    model = ov.convert_model(str(onnx_path))
+    ov.save_model(model, str(out_xml), compress_to_fp16=False)
+    return out_xml
+
+
+def bundle(folder: Path, names: list[str], out: Path) -> Path:
+    tmp = out.with_name(out.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for name in names:
+            tar.add(folder / name, arcname=name)
+    tmp.replace(out)
+    return out
+
+
+def write_json(path: Path, data: dict) -> Path:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def closed_loop_parity(model: StudentModel, folder: Path, env, steps: int = 200, backend: str = "onnx") -> dict:
+    """Drive the sim with the torch student for `steps` steps while the exported graph runs alongside on the same
+    frames with its own recurrent state; report the largest logit difference and the argmax agreement."""
+    from student.deploy import StudentRuntime
+
+    runtime = StudentRuntime(folder, backend=backend)
+    state = model.init_state(1)
+    obs = env.get_observations()
+    max_diff, agree = 0.0, 0
+    with torch.no_grad():
+        for _ in range(steps):
+            cam, prev = obs["camera"][:1], obs["proprio"][:1, :2]
+            out, _, state = model.step(cam, prev, state)
+            runtime.prev_action = prev.numpy().astype("float32")
+            exported = runtime.infer(cam.float().numpy())["action_logits"]
+            max_diff = max(max_diff, float(abs(exported - out.numpy()).max()))
+            agree += int(exported.argmax() == out.argmax().item())
+            action = model.actions(out)
+            obs, _, dones, _ = env.step(action)
+            if bool(dones[0]):
+                state.zero_()
+                runtime.reset()
+    return {"steps": steps, "max_logit_diff": max_diff, "argmax_agreement": agree / steps}
