@@ -25,7 +25,7 @@ from student.model import StudentModel
 class DaggerConfig:
     """Schedule and sizes of a DAgger run."""
 
-    rounds: int = 10
+    rounds: int = 12
     """collection + training rounds"""
     beta: Literal["lbc", "exponential", "zero"] = "lbc"
     """probability that the teacher drives: lbc 0.5 * decay^round (student 0.5 + 0.5 (1 - decay^round)),
@@ -40,7 +40,7 @@ class DaggerConfig:
     """collection envs"""
     steps_per_round: int = 150
     """control steps collected per env and round (episodes are reset at every round start)"""
-    train_steps: int = 100
+    train_steps: int = 200
     """gradient steps per round"""
     batch_windows: int = 12
     """windows per gradient step"""
@@ -58,6 +58,8 @@ class DaggerConfig:
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
     """stop after this much wall time (0 = none); the round in progress finishes first"""
+    bf16: Literal["auto", "on", "off"] = "auto"
+    """bfloat16 autocast for training (auto: on CPUs with native bf16, ~2x faster; weights stay float32)"""
     seed: int = 0
     """seed of the global RNG (student init, mixing, augmentation, window sampling)"""
 
@@ -136,7 +138,9 @@ def train_step(
     lmask = loss_mask(mask, model.cfg.context)
     # Frames before the first supervised position only feed the history: no gradient through the CNN there.
     first_label = int(lmask.float().argmax(dim=1).min()) if bool(lmask.any()) else 0
-    outputs, heads = model.forward_window(camera, prev_action, mask, context_no_grad=first_label)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg)):
+        outputs, heads = model.forward_window(camera, prev_action, mask, context_no_grad=first_label)
+    outputs, heads = outputs.float(), {k: v.float() for k, v in heads.items()}
     teacher_logits = torch.from_numpy(batch["teacher_logits"])
     loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)
     total = loss_action
@@ -170,6 +174,12 @@ def train_step(
         if not math.isfinite(value):
             raise FloatingPointError(f"non-finite {key} in a student update")
     return stats
+
+
+def use_bf16(cfg: DaggerConfig) -> bool:
+    if cfg.bf16 == "auto":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return cfg.bf16 == "on"
 
 
 def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:

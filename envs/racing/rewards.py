@@ -24,6 +24,10 @@ class RewardConfig:
     """reward on the step the car leaves the track"""
     steering_rate: float = 0.0
     """weight of the squared change of the normalized steering command (smoothness)"""
+    edge: float = 0.5
+    """weight of the edge penalty: quadratic in how far the car is beyond `edge_start` of the half width"""
+    edge_start: float = 0.7
+    """fraction of the half width where the edge penalty starts (margin kept for noise, latency and a student)"""
     deepracer_function: str = ""
     """path to a DeepRacer console reward file (`def reward_function(params)`); when set it replaces the terms
     above, run unchanged once per env and step (slow: for porting and checking reward functions)"""
@@ -32,6 +36,8 @@ class RewardConfig:
         for name in ("centerline", "progress", "speed", "steering_rate"):
             check_range(f"reward.{name}", getattr(self, name), -100.0, 100.0)
         check_range("reward.offtrack", self.offtrack, -1000.0, 0.0)
+        check_range("reward.edge", self.edge, 0.0, 100.0)
+        check_range("reward.edge_start", self.edge_start, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,12 @@ def steering_rate_penalty(steer_norm: Tensor, prev_steer_norm: Tensor) -> Tensor
     return -(steer_norm - prev_steer_norm).square()
 
 
+def edge_penalty(offset: Tensor, half_width: Tensor, start: float) -> Tensor:
+    """0 inside `start` of the half width, growing quadratically to 1 at the edge (and beyond)."""
+    excess = ((offset.abs() / half_width - start) / max(1.0 - start, 1e-6)).clamp(min=0.0)
+    return -excess.square()
+
+
 def all_wheels_on_track(offset: Tensor, half_width: Tensor, car_half_track: float) -> Tensor:
     """True when every wheel is within the borders."""
     return offset.abs() + car_half_track <= half_width
@@ -105,4 +117,6 @@ def total_reward(
         reward = reward + cfg.speed * speed_reward(speed, max_speed)
     if cfg.steering_rate:
         reward = reward + cfg.steering_rate * steering_rate_penalty(steer_norm, prev_steer_norm)
+    if cfg.edge:
+        reward = reward + cfg.edge * edge_penalty(offset, half_width, cfg.edge_start)
     return torch.where(offtrack, torch.full_like(reward, cfg.offtrack), reward)

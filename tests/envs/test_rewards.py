@@ -89,3 +89,11 @@ def test_env_uses_a_user_reward_file(tmp_path):
     env = RacingEnv(small_env_config(num_envs=1, reward=RewardConfig(deepracer_function=str(bad))))
     with pytest.raises(ValueError, match="must return a finite number"):
         env.step(torch.zeros(1, 1))
+
+
+def test_edge_penalty_by_hand():
+    from envs.racing.rewards import edge_penalty
+
+    hw = torch.full((4,), 0.5)
+    out = edge_penalty(torch.tensor([0.0, 0.35, -0.425, 0.6]), hw, 0.7)
+    assert out.tolist() == pytest.approx([0.0, 0.0, -0.25, -(0.5 / 0.3) ** 2])

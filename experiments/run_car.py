@@ -1,0 +1,135 @@
+"""Run an exported student in the 15 Hz deployment loop: on the car's camera, a recorded log, or the sim.
+
+    python -m experiments.run_car sim --export outputs/export              # closed loop in the training sim
+    python -m experiments.run_car camera --export /opt/carfile --device 0  # a real camera (OpenCV)
+    python -m experiments.run_car log --export outputs/export --log-in outputs/real_log.h5
+
+Every step (frame, command, estimates, timing, late frames, stops) goes to an HDF5 real log that `datasets/`
+reads back. The runtime reads only ONNX / OpenVINO IR / JSON and opens no network port.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+from rich.console import Console
+
+from datasets.real_log import LogReplaySource, RealLogWriter
+from envs.errors import ConfigError
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from experiments.cli import run
+from student.deploy import Command, LoopConfig, StudentRuntime, drive
+
+
+@dataclass(frozen=True)
+class RunCarConfig:
+    """Deployment run."""
+
+    export: str = "outputs/export"
+    """export folder (from experiments.export_student, or an unpacked carfile.tar.gz)"""
+    source: Literal["sim", "camera", "log"] = "sim"
+    """where frames come from"""
+    backend: Literal["onnx", "openvino"] = "onnx"
+    """inference runtime"""
+    threads: int = 1
+    """inference threads"""
+    device: int = 0
+    """camera index (source camera)"""
+    log_in: str = ""
+    """recorded real log to replay (source log)"""
+    log_out: str = "outputs/real_log.h5"
+    """where this run's real log goes"""
+    calibration: str = ""
+    """calibration JSON (command -> measured steering and speed)"""
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(max_steps=450))
+    """rate and watchdog"""
+    sim: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=1, camera="projective"))
+    """sim settings (source sim); its action space must match the export's"""
+    realtime: bool = False
+    """sim only: hold the real 15 Hz rate (otherwise as fast as the runtime allows)"""
+
+
+class SimCar:
+    """The sim as frame source and actuator in lockstep: read() renders, actuate() steps the env."""
+
+    def __init__(self, env: RacingEnv) -> None:
+        self.env = env
+        self.obs = env.get_observations()
+        self.laps, self.offtrack, self.lap_times = 0, 0, []
+
+    def read(self):
+        return self.obs["camera"][0, 0].numpy(), time.monotonic()
+
+    def actuate(self, cmd: Command) -> None:
+        if cmd.safe_stop:
+            return
+        if self.env.action_space.kind == "discrete":
+            action = torch.tensor([[float(cmd.action)]])
+        else:
+            lo, hi = self.env.action_space.steering_range
+            s_lo, s_hi = self.env.action_space.speed_range
+            action = torch.tensor(
+                [[2 * (cmd.steering_deg - lo) / (hi - lo) - 1, 2 * (cmd.speed - s_lo) / (s_hi - s_lo) - 1]]
+            )
+        self.obs, _, _, extras = self.env.step(action)
+        if bool(extras["new_lap"][0]):
+            self.laps += 1
+            self.lap_times.append(float(extras["lap_time"][0]))
+        self.offtrack += int(extras["offtrack"][0])
+
+
+class CameraSource:
+    def __init__(self, index: int) -> None:
+        import cv2
+
+        self.cap = cv2.VideoCapture(index)
+        if not self.cap.isOpened():
+            raise ConfigError(f"camera {index} could not be opened")
+
+    def read(self):
+        ok, frame = self.cap.read()
+        return (frame, time.monotonic()) if ok else None
+
+
+def main(cfg: RunCarConfig) -> dict:
+    console = Console()
+    runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration)
+    log = RealLogWriter(cfg.log_out, attrs={"export": str(Path(cfg.export).resolve()), "source": cfg.source})
+    summary: dict = {"source": cfg.source, "backend": cfg.backend}
+    try:
+        if cfg.source == "sim":
+            env_cfg = replace(cfg.sim, num_envs=1, camera=cfg.sim.camera if cfg.sim.camera != "none" else "projective")
+            car = SimCar(RacingEnv(env_cfg))
+            if car.env.action_space != runtime.action_space:
+                raise ConfigError("the sim's action space differs from the export's model_metadata.json")
+            sleep = time.sleep if cfg.realtime else (lambda s: None)
+            counts = drive(runtime, car, car.actuate, cfg.loop, log, sleep=sleep)
+            summary.update({"laps": car.laps, "offtrack": car.offtrack, "lap_times": car.lap_times})
+        elif cfg.source == "camera":
+            counts = drive(runtime, CameraSource(cfg.device), lambda cmd: None, cfg.loop, log)
+        else:
+            if not cfg.log_in:
+                raise ConfigError("--log-in is required with source log")
+            counts = drive(runtime, LogReplaySource(cfg.log_in), lambda cmd: None, cfg.loop, log)
+        summary.update(counts)
+    finally:
+        log.close()
+    summary["log"] = str(Path(cfg.log_out).resolve())
+    console.print(json.dumps(summary, indent=2))
+    return summary
+
+
+PRESETS = {
+    "sim": ("closed loop in the sim", RunCarConfig()),
+    "camera": ("a camera device through OpenCV", RunCarConfig(source="camera", loop=LoopConfig())),
+    "log": ("replay a recorded log", RunCarConfig(source="log", loop=LoopConfig())),
+}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)

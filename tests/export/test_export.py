@@ -1,0 +1,162 @@
+"""Export -> load -> parity, metadata, bundle, runtime refusal, watchdog and real-log round trip."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from datasets.checkpoints import save_atomic
+from datasets.real_log import RealLogWriter, read_real_log
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, drive
+from student.export import closed_loop_parity
+from student.loaded import STUDENT_KIND
+from student.model import OutputSpec, StudentConfig, StudentModel
+from envs.config_io import to_yaml
+
+pytest.importorskip("onnxruntime")
+ENV = EnvConfig(num_envs=1, camera="projective", compile=False)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A small random student saved as a checkpoint and exported once for the module."""
+    from experiments.export_student import ExportConfig
+    from experiments.export_student import main as export
+
+    tmp = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    env = RacingEnv(ENV)
+    spec = OutputSpec("discrete", env.action_space.num_choices, 8, 7, 5)
+    model = StudentModel(StudentConfig(), spec)
+    ckpt = save_atomic({
+        "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": to_yaml(StudentConfig()),
+        "env_yaml": to_yaml(ENV), "output_spec": dict(spec.__dict__),
+        "action_space": json.dumps(env.action_space.to_metadata()),
+    }, tmp / "student.pt")  # fmt: skip
+    result = export(ExportConfig(checkpoint=str(ckpt), out_dir=str(tmp / "out"), parity_steps=200))
+    return tmp / "out", model, result
+
+
+def test_files_metadata_and_bundle(exported):
+    out, _, result = exported
+    for name in ("student.onnx", "student_stateless.onnx", "model_metadata.json", "export.json", "carfile.tar.gz"):
+        assert (out / name).is_file(), name
+    meta = json.loads((out / "model_metadata.json").read_text())
+    assert meta["sensor"] == ["FRONT_FACING_CAMERA"] and meta["action_space_type"] == "discrete"
+    assert meta["training_algorithm"] == "clipped_ppo" and len(meta["action_space"]) == 10
+    assert {"steering_angle", "speed", "index"} == set(meta["action_space"][0])
+    import onnx
+
+    m = onnx.load(str(out / "student.onnx"))
+    props = {p.key: p.value for p in m.metadata_props}
+    assert props["gapbridge.image_size"] == "160x120" and json.loads(props["gapbridge.action_table"])[0] == [-30.0, 1.4]
+    assert not list(out.glob("*.data")), "single-file ONNX (no external data)"
+    with tarfile.open(out / "carfile.tar.gz") as tar:
+        assert set(result["files"]) == set(tar.getnames())
+
+
+def test_closed_loop_parity_including_recurrent_state(exported):
+    out, model, result = exported
+    for backend, parity in result["parity"].items():
+        assert parity["steps"] == 200
+        assert parity["max_logit_diff"] < 1e-4, backend
+        assert parity["argmax_agreement"] == 1.0, backend
+    again = closed_loop_parity(model, out, RacingEnv(replace(ENV, seed=3)), 50)
+    assert again["max_logit_diff"] < 1e-4
+
+
+def test_stateless_variant_runs_on_stacked_frames(exported):
+    import onnxruntime as ort
+
+    out, _, _ = exported
+    info = json.loads((out / "export.json").read_text())
+    sess = ort.InferenceSession(str(out / "student_stateless.onnx"), providers=["CPUExecutionProvider"])
+    assert sess.get_inputs()[0].name == "FRONT_FACING_CAMERA"
+    probs = sess.run(None, {"FRONT_FACING_CAMERA": np.zeros((1, info["stateless_frames"], 120, 160), np.float32)})[0]
+    assert probs.shape == (1, 10) and abs(probs.sum() - 1) < 1e-5
+
+
+def test_runtime_refuses_broken_exports(exported, tmp_path):
+    out, _, _ = exported
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    (bad / "model_metadata.json").unlink()
+    with pytest.raises(ExportError, match="missing model_metadata.json"):
+        StudentRuntime(bad)
+    shutil.copy(out / "model_metadata.json", bad / "model_metadata.json")
+    meta = json.loads((bad / "model_metadata.json").read_text())
+    meta["action_space"] = meta["action_space"][:6]
+    (bad / "model_metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ExportError, match="outputs 10 actions but the action table has 6"):
+        StudentRuntime(bad)
+    shutil.copy(out / "model_metadata.json", bad / "model_metadata.json")
+    info = json.loads((bad / "export.json").read_text())
+    info["history_shape"] = [1, 3, 3]
+    (bad / "export.json").write_text(json.dumps(info))
+    with pytest.raises(ExportError, match="input 'history_in' has shape"):
+        StudentRuntime(bad)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += max(0.0, s)
+
+
+class SlowSource:
+    """Frames with scripted delays: a late frame at step 3, then the camera dies after 6 frames."""
+
+    def __init__(self, clock):
+        self.clock, self.i = clock, 0
+
+    def read(self):
+        self.i += 1
+        if self.i > 6:
+            self.clock.t += 0.2
+            return None
+        stamp = self.clock.t - (0.5 if self.i == 3 else 0.0)
+        return np.full((120, 160, 3), 100, np.uint8), stamp
+
+
+def test_watchdog_repeats_late_frames_and_stops_on_camera_loss(exported, tmp_path):
+    out, _, _ = exported
+    runtime = StudentRuntime(out)
+    clock = FakeClock()
+    sent: list[Command] = []
+    log = RealLogWriter(tmp_path / "log.h5")
+    counts = drive(runtime, SlowSource(clock), sent.append, LoopConfig(stale_after=0.5), log, clock, clock.sleep)
+    log.close()
+    assert counts == {"steps": 6, "late": 1, "stopped": 1}
+    assert sent[2].action == sent[1].action and sent[2].steering_deg == sent[1].steering_deg
+    assert sent[-1].safe_stop and sent[-1].speed == 0.0
+    data = read_real_log(tmp_path / "log.h5")
+    assert len(data["time"]) == 6 and data["late"].tolist() == [False, False, True, False, False, False]
+    assert data["camera"].shape == (6, 120, 160) and (data["camera"] == 100).all()
+    assert any("camera stale" in e for e in data["events"])
+    assert np.isfinite(data["estimates"][0]).all()
+
+
+def test_deploy_loop_drives_the_sim_through_the_export(exported, tmp_path):
+    from experiments.run_car import RunCarConfig
+    from experiments.run_car import main as run_car
+
+    out, _, _ = exported
+    summary = run_car(RunCarConfig(export=str(out), log_out=str(tmp_path / "sim_log.h5"), loop=LoopConfig(max_steps=30),
+                                   sim=ENV))  # fmt: skip
+    assert summary["steps"] == 30 and summary["stopped"] == 0
+    assert len(read_real_log(tmp_path / "sim_log.h5")["time"]) == 30
