@@ -1,13 +1,103 @@
-"""`make demo`: the main job on built-in defaults. For now: the scripted pure-pursuit driver on every built-in track,
-both directions, under full randomization; prints lap times against the optimal lap and where the plots went."""
+"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~12 minutes).
+
+teacher (PPO on ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX,
+OpenVINO, DeepRacer metadata) -> the exported student driving the sim in the 15 Hz deployment loop.
+"""
 
 from __future__ import annotations
 
-from experiments.cli import run
-from experiments.drive_scripted import PRESETS
-from experiments.drive_scripted import main as drive
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-DEMO_PRESETS = {"default": (PRESETS["default"][0], PRESETS["default"][1]), "smoke": PRESETS["smoke"]}
+from rich.console import Console
+
+from envs.config_io import write_text_atomic
+from envs.racing.config import EnvConfig
+from envs.racing.evaluation import EvalConfig
+from experiments import distill_student, export_student, run_car, train_teacher
+from experiments.cli import run
+from experiments.wandb_logger import WandbConfig
+from student.dagger import DaggerConfig
+from student.deploy import LoopConfig
+from teacher.trainer import TrainerConfig
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """End-to-end demo."""
+
+    out_dir: str = "outputs/demo"
+    """everything goes under here"""
+    teacher: train_teacher.TrainTeacherConfig = field(
+        default_factory=lambda: replace(
+            train_teacher.PRESETS["default"][1],
+            trainer=TrainerConfig(iterations=250, max_minutes=3.0, eval_every=25, save_every=25),
+            final_eval=EvalConfig(start_points=10, laps=1, max_seconds=30.0, seed=4321),
+            generalization_tracks=(),
+        )
+    )
+    """teacher run (the run directory is set by out_dir)"""
+    student: distill_student.DistillConfig = field(
+        default_factory=lambda: replace(
+            distill_student.PRESETS["default"][1], dagger=DaggerConfig(rounds=5, train_steps=150)
+        )
+    )
+    """student distillation (the teacher and run directory are set by the demo)"""
+    drive_steps: int = 300
+    """steps of the exported student in the deployment loop"""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """W&B for every stage"""
+
+
+def main(cfg: DemoConfig) -> dict:
+    console = Console()
+    out = Path(cfg.out_dir)
+    console.rule("1/4 teacher: PPO on ground-truth state")
+    t_cfg = replace(cfg.teacher, run_dir=str(out / "teacher"), wandb=cfg.wandb)
+    teacher_summary = train_teacher.main(t_cfg)
+    teacher_ckpt = train_teacher.latest_checkpoint(out / "teacher")
+
+    console.rule("2/4 student: DAgger from the camera")
+    s_cfg = replace(cfg.student, teacher=str(teacher_ckpt), run_dir=str(out / "student"), wandb=cfg.wandb)
+    student_summary = distill_student.main(s_cfg)
+    student_ckpt = distill_student.latest_round(out / "student")
+
+    console.rule("3/4 export")
+    export_summary = export_student.main(
+        export_student.ExportConfig(checkpoint=str(student_ckpt), out_dir=str(out / "export"), parity_steps=100)
+    )
+
+    console.rule("4/4 the exported student in the 15 Hz deployment loop (sim)")
+    drive = run_car.main(
+        run_car.RunCarConfig(
+            export=str(out / "export"), log_out=str(out / "real_log_sim.h5"),
+            loop=LoopConfig(max_steps=cfg.drive_steps), sim=EnvConfig(num_envs=1, camera="projective"),
+        )
+    )  # fmt: skip
+    summary = {
+        "teacher": {"checkpoint": str(teacher_ckpt), **{k: v for k, v in teacher_summary.items() if k != "train_eval"}},
+        "student": {"checkpoint": str(student_ckpt), **student_summary},
+        "export": export_summary,
+        "deployment_loop": drive,
+    }
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
+    console.rule("results")
+    console.print(f"everything is in [bold]{out.resolve()}[/]:")
+    for name in ("teacher/", "student/", "export/", "real_log_sim.h5", "summary.json"):
+        console.print(f"  {out.resolve() / name}")
+    return summary
+
+
+PRESETS = {
+    "default": ("teacher ~3 min, 5 DAgger rounds, export, deployment loop", DemoConfig()),
+    "smoke": ("every stage in seconds (checks the wiring)", DemoConfig(
+        teacher=replace(train_teacher.PRESETS["smoke"][1]),
+        student=distill_student.PRESETS["smoke"][1],
+        drive_steps=10,
+        wandb=WandbConfig(mode="disabled"),
+    )),
+}  # fmt: skip
 
 if __name__ == "__main__":
-    run(drive, DEMO_PRESETS, description=__doc__)
+    run(main, PRESETS, description=__doc__)
