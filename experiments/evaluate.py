@@ -26,6 +26,7 @@ from envs.racing.evaluation import EvalConfig, evaluate, evaluation_env_config
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
+from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import TEACHER_KIND, load_teacher
 
 NOMINAL = RandomizationConfig(
@@ -50,6 +51,8 @@ class EvaluateConfig:
     """episodes: start points, directions, repeats, laps, seed"""
     out_dir: str = "outputs/evaluate"
     """where the JSON and plots go"""
+    estimation: bool = True
+    """students: also score the online estimates by time since reset, and run the mid-episode shift tests"""
 
 
 def load_policy(path: str):
@@ -59,6 +62,8 @@ def load_policy(path: str):
     kind = data.get("kind")
     if kind == TEACHER_KIND:
         return load_teacher(path)
+    if kind == STUDENT_KIND:
+        return load_student(path)
     raise CheckpointError(f"{path}: unknown policy kind {kind!r}")
 
 
@@ -105,9 +110,38 @@ def main(cfg: EvaluateConfig) -> dict:
         )  # fmt: skip
         env.close()
     console.print(table)
+    if cfg.estimation and hasattr(policy, "model") and policy.model.history is not None:
+        results["estimation"] = online_estimation_report(policy.model, base, console)
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
+
+
+def online_estimation_report(model, env_cfg, console: Console) -> dict:
+    """Estimate quality by time since reset, and friction / latency shifts halfway through an episode."""
+    from adaptation.evaluation import estimation_by_time, shift_test
+
+    by_time = estimation_by_time(model, env_cfg)
+    table = Table(title="online estimation by time since reset")
+    cols = ("action_latency_within_frame", "loop_latency_within_frame", "loop_latency_mae_ms", "friction_r2",
+            "motor_gain_r2", "speed_r2")  # fmt: skip
+    table.add_column("time")
+    for c in cols:
+        table.add_column(c)
+    for key, m in by_time.items():
+        table.add_row(key, *(f"{m[c]:.2f}" for c in cols))
+    console.print(table)
+    shifts = {
+        "friction": shift_test(model, env_cfg, "friction", 1.1, 0.65),
+        "action_latency": shift_test(model, env_cfg, "action_latency", 0.0, 0.1),
+    }
+    for name, r in shifts.items():
+        console.print(
+            f"shift {name} {r['before']} -> {r['after']} at {r['shift_step'] / r['control_hz']:.0f} s: estimate "
+            f"{r['estimate_before_shift']:.3f} -> {r['estimate_end']:.3f}, 80% followed after "
+            f"{r['seconds_to_follow_80pct']} s; off-track before/after: {r['offtrack_before']}/{r['offtrack_after']}"
+        )
+    return {"by_time_since_reset": by_time, "shift": shifts}
 
 
 PRESETS = {

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from adaptation.losses import TARGET_COLUMNS
+from adaptation.evaluation import estimate_targets
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import ShardWriter, WindowReader, add_shard, read_manifest, rollout_schema
 from datasets.staging import EpisodeStager
@@ -118,7 +118,7 @@ class Distiller:
                 "executed_action": executed[:, :1].cpu().numpy(),
                 "z": self.teacher.z(obs).cpu().numpy(),
                 "env_factors": obs["env_factors"].cpu().numpy(),
-                "targets": self.targets().cpu().numpy(),
+                "targets": estimate_targets(env).cpu().numpy(),
                 "episode": episode_ids.copy(),
                 "step": step_in_ep.astype(np.int32),
             }
@@ -152,18 +152,6 @@ class Distiller:
             "collect/student_teacher_agreement": agree / steps,
             "collect/rows": float(rows_written),
         }
-
-    def targets(self) -> torch.Tensor:
-        """Per-env estimate targets `(N, 5)` in TARGET_COLUMNS order."""
-        env = self.env
-        cols = {
-            "action_latency": env.world.action_latency.float() * env.cfg.dt_physics,
-            "camera_latency": env.world.camera_latency.float() * env.cfg.dt_physics,
-            "friction": env.world.params.friction,
-            "motor_gain": env.world.params.motor_gain,
-            "speed": env.physics.state.vx,
-        }
-        return torch.stack([cols[c] for c in TARGET_COLUMNS], dim=-1)
 
     # ----------------------------------------------------------------------------------------------- train
     def train(self) -> dict[str, float]:

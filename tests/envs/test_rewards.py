@@ -96,4 +96,4 @@ def test_edge_penalty_by_hand():
 
     hw = torch.full((4,), 0.5)
     out = edge_penalty(torch.tensor([0.0, 0.35, -0.425, 0.6]), hw, 0.7)
-    assert out.tolist() == pytest.approx([0.0, 0.0, -0.25, -(0.5 / 0.3) ** 2])
+    assert out.tolist() == pytest.approx([0.0, 0.0, -0.25, -((0.5 / 0.3) ** 2)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import tarfile
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,13 +12,13 @@ import torch
 
 from datasets.checkpoints import save_atomic
 from datasets.real_log import RealLogWriter, read_real_log
+from envs.config_io import to_yaml
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, drive
 from student.export import closed_loop_parity
 from student.loaded import STUDENT_KIND
 from student.model import OutputSpec, StudentConfig, StudentModel
-from envs.config_io import to_yaml
 
 pytest.importorskip("onnxruntime")
 ENV = EnvConfig(num_envs=1, camera="projective", compile=False)

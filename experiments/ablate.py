@@ -1,0 +1,149 @@
+"""Ablations: run named variants of a teacher or student training with the same budget, one table at the end.
+
+    python -m experiments.ablate student --teacher runs/teacher/checkpoints/iter_000400.pt \\
+        --variants base beta-zero no-history no-augment
+    python -m experiments.ablate teacher --variants base no-reverse no-random-start no-noise no-dropout
+
+Each variant is a set of field overrides of the stage's config (see VARIANTS); the DeepRacer team's findings map
+onto them (reversed direction, random starts, action noise, augmentation types, dropout, entropy, max throttle).
+Results: `ablation.json` and `ablation.md` in the output directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from envs.augment import AugmentConfig
+from envs.config_io import write_text_atomic
+from envs.errors import ConfigError
+from experiments import distill_student, train_teacher
+from experiments.cli import run
+from experiments.wandb_logger import WandbConfig
+from student.dagger import DaggerConfig
+
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "teacher": {
+        "base": {},
+        "no-reverse": {"env.randomization.direction": "forward"},
+        "no-random-start": {"env.randomization.random_start": False},
+        "no-noise": {"env.randomization.action_noise": False},
+        "no-latency": {"env.randomization.action_latency": False, "env.randomization.camera_latency": False},
+        "no-dropout": {"policy.dropout": 0.0},
+        "entropy-0.01": {"ppo.entropy_coef": 0.01},
+        "fast-throttle": {"env.action_space": "fast-throttle"},
+    },
+    "student": {
+        "base": {},
+        "beta-zero": {"dagger.beta": "zero"},
+        "beta-exponential": {"dagger.beta": "exponential"},
+        "gating": {"dagger.gating": True},
+        "no-history": {"student.history.kind": "none"},
+        "gru-history": {"student.history.kind": "gru"},
+        "no-augment": {"augment": AugmentConfig.off()},
+        "color-only": {"augment": AugmentConfig.only("color")},
+        "translate-only": {"augment": AugmentConfig.only("translate")},
+        "shadow-only": {"augment": AugmentConfig.only("shadow")},
+        "sharpen-only": {"augment": AugmentConfig.only("sharpen")},
+        "noise-only": {"augment": AugmentConfig.only("noise")},
+        "dropout-0.3": {"student.head_dropout": 0.3},
+    },
+}
+
+
+def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
+    """Frozen-dataclass `replace` along dotted paths, e.g. {"env.randomization.direction": "forward"}."""
+    for path, value in overrides.items():
+        head, _, rest = path.partition(".")
+        if not dataclasses.is_dataclass(cfg) or head not in {f.name for f in dataclasses.fields(cfg)}:
+            raise ConfigError(f"ablation override {path!r}: no field {head!r} in {type(cfg).__name__}")
+        cfg = replace(cfg, **{head: apply_overrides(getattr(cfg, head), {rest: value}) if rest else value})
+    return cfg
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    """Which stage, which variants, what budget."""
+
+    stage: Literal["teacher", "student"] = "student"
+    """what to ablate"""
+    variants: tuple[str, ...] = ("base",)
+    """variant names (see VARIANTS)"""
+    teacher: str = ""
+    """teacher checkpoint (student stage)"""
+    teacher_cfg: train_teacher.TrainTeacherConfig = field(
+        default_factory=lambda: replace(train_teacher.PRESETS["default"][1], generalization_tracks=())
+    )
+    """base teacher run"""
+    student_cfg: distill_student.DistillConfig = field(
+        default_factory=lambda: replace(distill_student.PRESETS["default"][1], dagger=DaggerConfig(rounds=6))
+    )
+    """base student run (every variant gets the same budget)"""
+    out_dir: str = "runs/ablation"
+    """one run directory per variant under here, plus ablation.json / ablation.md"""
+
+
+def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
+    overrides = VARIANTS[cfg.stage][name]
+    wandb = WandbConfig(mode="offline", group=f"ablation-{cfg.stage}", tags=(name,))
+    t0 = time.time()
+    if cfg.stage == "teacher":
+        run_cfg = apply_overrides(cfg.teacher_cfg, overrides)
+        summary = train_teacher.main(replace(run_cfg, run_dir=str(Path(cfg.out_dir) / name), wandb=wandb))
+        m = summary[f"eval/{run_cfg.env.track}"]
+        row = {
+            k: m[k] for k in ("lap_completion", "forward/lap_completion", "reverse/lap_completion", "lap_time_ratio")
+        }
+    else:
+        run_cfg = apply_overrides(replace(cfg.student_cfg, teacher=cfg.teacher), overrides)
+        summary = distill_student.main(replace(run_cfg, run_dir=str(Path(cfg.out_dir) / name), wandb=wandb))
+        s, t = summary["student"], summary["teacher"]
+        row = {
+            "lap_completion": s["lap_completion"],
+            "completion_vs_teacher": summary["completion_ratio"],
+            "lap_time_vs_teacher": summary["lap_time_ratio_vs_teacher"],
+            "teacher_lap_completion": t["lap_completion"],
+            "offtrack_count": s["offtrack_count"],
+        }
+    row["minutes"] = (time.time() - t0) / 60.0
+    return row
+
+
+def main(cfg: AblateConfig) -> dict:
+    unknown = [v for v in cfg.variants if v not in VARIANTS[cfg.stage]]
+    if unknown:
+        raise ConfigError(f"unknown {cfg.stage} variants {unknown}; known: {sorted(VARIANTS[cfg.stage])}")
+    if cfg.stage == "student" and not cfg.teacher:
+        raise ConfigError("--teacher is required for student ablations")
+    results = {name: run_variant(cfg, name) for name in cfg.variants}
+    cols = list(next(iter(results.values())))
+    table = Table(title=f"{cfg.stage} ablation")
+    table.add_column("variant")
+    for c in cols:
+        table.add_column(c)
+    lines = ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, row in results.items():
+        cells = [f"{row[c]:.3f}" for c in cols]
+        table.add_row(name, *cells)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    Console().print(table)
+    out = Path(cfg.out_dir)
+    write_text_atomic(out / "ablation.json", json.dumps(results, indent=2))
+    write_text_atomic(out / "ablation.md", "\n".join(lines) + "\n")
+    return results
+
+
+PRESETS = {
+    "student": ("DAgger variants with the same budget", AblateConfig(stage="student")),
+    "teacher": ("PPO variants with the same budget", AblateConfig(stage="teacher")),
+}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)
