@@ -1,0 +1,150 @@
+"""Genesis-rendered camera: the same `(N, 1, 120, 160)` uint8 frames, rasterized from a 3-D scene.
+
+The scene (its own Genesis scene, render-only, so it works with either physics backend) holds the textured track
+plane, barrier walls as one mesh, and clutter beyond the barriers (boxes and people-sized posts). Each env has a
+camera rig body whose pose is set from the car pose every frame; the camera is attached to it with the calibrated
+mount (height, forward offset, pitch) and renders one image per env (`VisOptions(split_envs=True)`). Rendering is
+headless through EGL (Mesa on CPUs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from envs.errors import ConfigError
+from envs.racing.camera import CameraConfig
+from envs.racing.physics_genesis import init_genesis
+from envs.racing.randomization import VisualSample
+from envs.racing.track_texture import TrackScene
+
+LUMA = torch.tensor([0.299, 0.587, 0.114])
+
+
+def wall_mesh(scene: TrackScene) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices and faces of vertical barrier ribbons along both borders (offset by the scene's wall offset)."""
+    left, right = scene.track.borders(extra=scene.cfg.wall_offset)
+    h = scene.cfg.wall_height
+    verts, faces = [], []
+    for border in (left, right):
+        n = len(border)
+        base = len(verts)
+        for p in border:
+            verts += [(p[0], p[1], 0.0), (p[0], p[1], h)]
+        for i in range(n):
+            j = (i + 1) % n
+            a, b, c, d = base + 2 * i, base + 2 * i + 1, base + 2 * j, base + 2 * j + 1
+            faces += [(a, c, b), (b, c, d), (a, b, c), (b, d, c)]  # both sides visible
+    return np.asarray(verts, dtype=np.float32), np.asarray(faces, dtype=np.int64)
+
+
+def mount_transform(cfg: CameraConfig, base_height: float) -> np.ndarray:
+    """4x4 pose of the camera in the rig frame (OpenGL camera: looks along -z, +y up)."""
+    p = math.radians(cfg.pitch_deg)
+    x_cam = np.array([0.0, -1.0, 0.0])
+    y_cam = np.array([math.sin(p), 0.0, math.cos(p)])
+    z_cam = -np.array([math.cos(p), 0.0, -math.sin(p)])
+    t = np.eye(4)
+    t[:3, 0], t[:3, 1], t[:3, 2] = x_cam, y_cam, z_cam
+    t[:3, 3] = (cfg.forward, 0.0, cfg.height - base_height)
+    return t
+
+
+class GenesisCamera:
+    """Rasterized per-env camera (render-only Genesis scene)."""
+
+    name = "genesis"
+    RIG_HEIGHT = 0.05
+
+    def __init__(
+        self, physics, scene: TrackScene, cfg: CameraConfig, device: str | torch.device = "cpu", clutter: int = 24
+    ) -> None:
+        if cfg.lens != "pinhole":
+            raise ConfigError("env.camera=genesis renders a pinhole lens; the fisheye lens is projective-camera only")
+        self.device = torch.device(device)
+        self.cfg, self.track_scene = cfg, scene
+        self.num_envs = physics.num_envs
+        gs = init_genesis(self.device)
+        self.gs = gs
+        self.scene = gs.Scene(
+            show_viewer=False,
+            vis_options=gs.options.VisOptions(
+                split_envs=True, shadow=False, plane_reflection=False, show_world_frame=False,
+                background_color=(0.75, 0.75, 0.75), ambient_light=(0.45, 0.45, 0.45),
+            ),
+            rigid_options=gs.options.RigidOptions(enable_collision=False, gravity=(0.0, 0.0, 0.0)),
+        )  # fmt: skip
+        center = scene.origin + scene.extent / 2
+        self.scene.add_entity(
+            gs.morphs.Plane(pos=(float(center[0]), float(center[1]), 0.0), plane_size=tuple(map(float, scene.extent)),
+                            tile_size=tuple(map(float, scene.extent)), collision=False),
+            surface=gs.surfaces.Default(diffuse_texture=gs.textures.ImageTexture(image_array=scene.rgb_image())),
+        )  # fmt: skip
+        self._tmp = Path(tempfile.mkdtemp(prefix="gapbridge-genesis-"))
+        if scene.cfg.walls:
+            import trimesh
+
+            verts, faces = wall_mesh(scene)
+            mesh_path = self._tmp / "walls.obj"
+            trimesh.Trimesh(verts, faces, process=False).export(mesh_path)
+            self.scene.add_entity(
+                gs.morphs.Mesh(file=str(mesh_path), fixed=True, collision=False),
+                surface=gs.surfaces.Default(color=(0.85, 0.85, 0.9)),
+            )
+        rng = np.random.default_rng(scene.cfg.room_seed)
+        left, right = scene.track.borders(extra=scene.cfg.wall_offset + 0.6)
+        for i in range(clutter):
+            border = left if i % 2 else right
+            p = border[rng.integers(len(border))]
+            size = (rng.uniform(0.1, 0.4), rng.uniform(0.1, 0.4), rng.uniform(0.2, 1.7))
+            shade = tuple(float(v) for v in rng.uniform(0.1, 0.9, size=3))
+            self.scene.add_entity(
+                gs.morphs.Box(pos=(float(p[0]), float(p[1]), size[2] / 2), size=size, fixed=True, collision=False),
+                surface=gs.surfaces.Default(color=shade),
+            )
+        self.rig = self.scene.add_entity(
+            gs.morphs.Box(size=(0.02, 0.02, 0.02), pos=(0, 0, self.RIG_HEIGHT), collision=False)
+        )
+        vfov = 2 * math.degrees(math.atan(math.tan(math.radians(cfg.hfov_deg) / 2) * cfg.height_px / cfg.width))
+        self.camera = self.scene.add_camera(res=(cfg.width, cfg.height_px), fov=vfov, near=0.01, far=40.0, GUI=False)
+        try:
+            self.scene.build(n_envs=self.num_envs)
+        except Exception as err:  # the rasterizer needs an OpenGL context
+            if "EGL" in str(err) or "OpenGL" in str(err) or "display" in str(err).lower():
+                raise ConfigError(
+                    "env.camera=genesis could not open an OpenGL context. Run headless with EGL: install libegl1 and "
+                    "libgl1-mesa-dri (Debian/Ubuntu) and set PYOPENGL_PLATFORM=egl, or use env.camera=projective"
+                ) from None
+            raise
+        self.camera.attach(self.rig.base_link, mount_transform(cfg, self.RIG_HEIGHT))
+
+    @torch.no_grad()
+    def render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
+        """Frames `(N, 1, H, W)` uint8 from car poses `(N,)`; brightness randomization applies to the luma."""
+        half = 0.5 * yaw
+        z = torch.full_like(x, self.RIG_HEIGHT)
+        quat = torch.stack([torch.cos(half), torch.zeros_like(half), torch.zeros_like(half), torch.sin(half)], -1)
+        self.rig.set_pos(torch.stack([x, y, z], -1), zero_velocity=True)
+        self.rig.set_quat(quat, zero_velocity=True)
+        self.camera.move_to_attach()
+        rgb = self.camera.render(rgb=True, force_render=True)[0]
+        rgb = torch.as_tensor(np.asarray(rgb), device=self.device).float()
+        if rgb.dim() == 3:
+            rgb = rgb.unsqueeze(0)
+        luma = (rgb @ LUMA.to(rgb.device)) * visuals.brightness.view(-1, 1, 1)
+        return luma.clamp_(0, 255).to(torch.uint8).unsqueeze(1)
+
+    def close(self) -> None:
+        try:
+            self.scene.destroy()
+        except Exception:
+            pass
+        for f in self._tmp.glob("*"):
+            f.unlink(missing_ok=True)
+        os.rmdir(self._tmp)

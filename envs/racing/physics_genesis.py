@@ -1,0 +1,255 @@
+"""Genesis car backend: a URDF car (generated here) with contact wheels on a ground plane, batched over envs.
+
+Rear-wheel velocity drive with an electronic differential, front steering hinges under position control with
+Ackermann geometry (inner and outer angles from the commanded bicycle angle), per-env friction (wheel friction ratio;
+the pair friction is the larger of the two geoms, so the ground's is set below every wheel's), mass and actuator
+gains from the same randomization as the bicycle backend. Same interface as `BicyclePhysics`: `reset`,
+`set_params`, `step` -> `CarState`, `state_dict` / `load_state_dict`. The first scene build compiles kernels (tens
+of seconds, cached under ~/.cache); later builds in the same or another process take seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from envs.errors import ConfigError
+from envs.racing.car import CarSpec
+from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets
+
+_GS_STATE: dict[str, object] = {}
+
+WHEEL_WIDTH = 0.025
+WHEEL_MASS = 0.05
+CHASSIS_SIZE = (0.26, 0.15, 0.05)
+GROUND_FRICTION = 0.01  # below every wheel's, so the wheel friction sets the pair friction
+
+
+def init_genesis(device: torch.device) -> object:
+    """`gs.init` once per process, on the CPU backend (or CUDA when the env lives on a GPU)."""
+    if "gs" in _GS_STATE:
+        return _GS_STATE["gs"]
+    try:
+        import genesis as gs
+    except ImportError as err:  # pragma: no cover - genesis is a core dependency
+        raise ConfigError(f"env.physics=genesis needs genesis-world ({err})") from None
+    backend = gs.gpu if device.type == "cuda" else gs.cpu
+    gs.init(backend=backend, precision="32", logging_level="warning", performance_mode=True, seed=0)
+    _GS_STATE["gs"] = gs
+    return gs
+
+
+def car_urdf(spec: CarSpec) -> str:
+    """URDF text of a DeepRacer-class car: chassis, two steering knuckles, four continuous wheels."""
+    lf, lr, half = spec.cg_to_front, spec.cg_to_rear, spec.track_width / 2
+    r, w = spec.wheel_radius, WHEEL_WIDTH
+    chassis_mass = spec.mass - 4 * WHEEL_MASS
+    cx, cy, cz = CHASSIS_SIZE
+    iz = chassis_mass * (cx**2 + cy**2) / 12
+    ix, iy = chassis_mass * (cy**2 + cz**2) / 12, chassis_mass * (cx**2 + cz**2) / 12
+    wi = WHEEL_MASS * (3 * r**2 + w**2) / 12
+    wa = WHEEL_MASS * r**2 / 2
+
+    def wheel(name: str) -> str:
+        return f"""
+  <link name="{name}">
+    <inertial><mass value="{WHEEL_MASS}"/><inertia ixx="{wi}" iyy="{wa}" izz="{wi}" ixy="0" ixz="0" iyz="0"/></inertial>
+    <visual><origin rpy="1.5708 0 0"/><geometry><cylinder radius="{r}" length="{w}"/></geometry></visual>
+    <collision><origin rpy="1.5708 0 0"/><geometry><cylinder radius="{r}" length="{w}"/></geometry></collision>
+  </link>"""
+
+    def knuckle(name: str) -> str:
+        return f"""
+  <link name="{name}">
+    <inertial><mass value="0.01"/><inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
+  </link>"""
+
+    def joint(name, kind, parent, child, xyz, axis, limit=""):
+        return f"""
+  <joint name="{name}" type="{kind}">
+    <parent link="{parent}"/><child link="{child}"/>
+    <origin xyz="{xyz[0]} {xyz[1]} {xyz[2]}"/><axis xyz="{axis}"/>{limit}
+  </joint>"""
+
+    steer_limit = '<limit lower="-0.7" upper="0.7" effort="2.0" velocity="10"/>'
+    drive_limit = '<limit effort="0.6" velocity="200"/>'
+    body = f"""
+  <link name="chassis">
+    <inertial><mass value="{chassis_mass}"/>
+      <inertia ixx="{ix}" iyy="{iy}" izz="{iz}" ixy="0" ixz="0" iyz="0"/></inertial>
+    <visual><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></visual>
+    <collision><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></collision>
+  </link>"""
+    parts = [body]
+    for side, y in (("left", half), ("right", -half)):
+        parts += [knuckle(f"front_{side}_knuckle"), wheel(f"front_{side}_wheel"), wheel(f"rear_{side}_wheel")]
+        parts.append(
+            joint(
+                f"front_{side}_steer", "revolute", "chassis", f"front_{side}_knuckle", (lf, y, 0), "0 0 1", steer_limit
+            )
+        )
+        parts.append(
+            joint(
+                f"front_{side}_spin",
+                "continuous",
+                f"front_{side}_knuckle",
+                f"front_{side}_wheel",
+                (0, 0, 0),
+                "0 1 0",
+                drive_limit,
+            )
+        )
+        parts.append(
+            joint(f"rear_{side}_spin", "continuous", "chassis", f"rear_{side}_wheel", (-lr, y, 0), "0 1 0", drive_limit)
+        )
+    return f'<?xml version="1.0"?>\n<robot name="gapbridge_car">{"".join(parts)}\n</robot>\n'
+
+
+def ackermann(steer: Tensor, spec: CarSpec) -> tuple[Tensor, Tensor]:
+    """Left and right wheel angles for a bicycle steering angle (positive = left turn, left wheel inner)."""
+    tan = torch.tan(steer)
+    half = spec.track_width / 2
+    left = torch.atan(spec.wheelbase * tan / (spec.wheelbase - half * tan))
+    right = torch.atan(spec.wheelbase * tan / (spec.wheelbase + half * tan))
+    return left, right
+
+
+def differential(speed: Tensor, steer: Tensor, spec: CarSpec) -> tuple[Tensor, Tensor]:
+    """Rear wheel angular speeds (rad/s) for a body speed and bicycle steering angle (electronic differential)."""
+    k = spec.track_width / 2 * torch.tan(steer) / spec.wheelbase
+    return speed * (1 - k) / spec.wheel_radius, speed * (1 + k) / spec.wheel_radius
+
+
+def yaw_from_quat(q: Tensor) -> Tensor:
+    """Yaw of wxyz quaternions `(N, 4)`."""
+    w, x, y, z = q.unbind(-1)
+    return torch.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+class GenesisPhysics:
+    """Batched Genesis car; one scene per env object (built in the constructor)."""
+
+    name = "genesis"
+
+    def __init__(self, cfg, device: torch.device, track=None) -> None:
+        self.cfg, self.spec, self.device = cfg, cfg.car, torch.device(device)
+        self.num_envs = cfg.num_envs
+        self.dt = cfg.dt_physics
+        if self.dt > 1 / 60 + 1e-9:
+            raise ConfigError(
+                f"env.physics=genesis needs physics substeps of <= 1/60 s (got {self.dt:.4f} s); raise env.substeps"
+            )
+        gs = init_genesis(self.device)
+        self.gs = gs
+        self.scene = gs.Scene(
+            sim_options=gs.options.SimOptions(dt=self.dt, substeps=1),
+            rigid_options=gs.options.RigidOptions(
+                enable_self_collision=False, batch_links_info=True, batch_dofs_info=True, max_collision_pairs=32,
+            ),
+            show_viewer=False,
+        )  # fmt: skip
+        self.plane = self.scene.add_entity(gs.morphs.Plane(), material=gs.materials.Rigid(friction=GROUND_FRICTION))
+        urdf = Path(tempfile.gettempdir()) / f"gapbridge_car_{os.getpid()}_{id(self)}.urdf"
+        urdf.write_text(car_urdf(self.spec))
+        self.car = self.scene.add_entity(
+            gs.morphs.URDF(file=str(urdf), pos=(0, 0, self.spec.wheel_radius), default_armature=1e-4),
+            material=gs.materials.Rigid(friction=1.0),
+        )
+        self.scene.build(n_envs=self.num_envs)
+        urdf.unlink(missing_ok=True)
+        names = ("front_left_steer", "front_right_steer", "rear_left_spin", "rear_right_spin", "front_left_spin",
+                 "front_right_spin")  # fmt: skip
+        j = {name: self.car.get_joint(name).dofs_idx_local[0] for name in names}
+        self.steer_dofs = [j["front_left_steer"], j["front_right_steer"]]
+        self.drive_dofs = [j["rear_left_spin"], j["rear_right_spin"]]
+        self.free_dofs = [j["front_left_spin"], j["front_right_spin"]]
+        self.wheel_links = [self.car.get_link(n).idx_local for n in (
+            "front_left_wheel", "front_right_wheel", "rear_left_wheel", "rear_right_wheel")]  # fmt: skip
+        self.car.set_dofs_kp(torch.full((2,), 20.0), self.steer_dofs)
+        self.car.set_dofs_kv(torch.full((2,), 0.5), self.steer_dofs)
+        self.car.set_dofs_kv(torch.full((2,), 0.05), self.drive_dofs)
+        self.car.set_dofs_damping(torch.full((2,), 1e-4), self.free_dofs)
+        self.base_masses = self.car.get_links_mass() if hasattr(self.car, "get_links_mass") else None
+        self.params = CarParams.nominal(self.num_envs, self.device)
+        self.speed_state = torch.zeros(self.num_envs, device=self.device)  # motor lag state
+        self.state = CarState.zeros(self.num_envs, self.device)
+        self._read_state()
+
+    # -------------------------------------------------------------------------------------------- interface
+    def reset(self, env_ids: Tensor, x: Tensor, y: Tensor, yaw: Tensor, speed: Tensor) -> None:
+        ids = env_ids.to(self.device)
+        z = torch.full_like(x, self.spec.wheel_radius + 0.002)
+        half = 0.5 * yaw
+        quat = torch.stack([torch.cos(half), torch.zeros_like(half), torch.zeros_like(half), torch.sin(half)], -1)
+        self.car.set_pos(torch.stack([x, y, z], -1), envs_idx=ids, zero_velocity=True)
+        self.car.set_quat(quat, envs_idx=ids, zero_velocity=True)
+        n_dofs = self.car.n_dofs
+        self.car.set_dofs_position(torch.zeros(len(ids), n_dofs - 6), list(range(6, n_dofs)), envs_idx=ids)
+        self.car.zero_all_dofs_velocity(envs_idx=ids)
+        self.speed_state[ids] = speed
+        self._read_state()
+
+    def set_params(self, params: CarParams, env_ids: Tensor) -> None:
+        for f in fields(CarParams):
+            getattr(self.params, f.name)[env_ids] = getattr(params, f.name)[env_ids]
+        ids = env_ids.to(self.device)
+        ratio = (self.params.friction[ids] / 1.0)[:, None].expand(-1, len(self.wheel_links))
+        self.car.set_friction_ratio(ratio, self.wheel_links, envs_idx=ids)
+        if self.base_masses is not None:
+            base = torch.as_tensor(self.base_masses, device=self.device).reshape(-1)[: self.car.n_links]
+            masses = base[None, :] * self.params.mass_scale[ids][:, None]
+            self.car.set_links_mass(masses, envs_idx=ids)
+
+    def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
+        steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)
+        self.speed_state = speed_t + (self.speed_state - speed_t) * math.exp(-self.dt / self.spec.motor_time_constant)
+        left, right = ackermann(steer_t, self.spec)
+        w_left, w_right = differential(self.speed_state, steer_t, self.spec)
+        self.car.control_dofs_position(torch.stack([left, right], -1), self.steer_dofs)
+        self.car.control_dofs_velocity(torch.stack([w_left, w_right], -1), self.drive_dofs)
+        self.scene.step(update_visualizer=False)
+        self._read_state()
+        return self.state
+
+    def _read_state(self) -> None:
+        pos = self.car.get_pos()
+        yaw = yaw_from_quat(self.car.get_quat())
+        vel, ang = self.car.get_vel(), self.car.get_ang()
+        c, s = torch.cos(yaw), torch.sin(yaw)
+        steer = self.car.get_dofs_position(self.steer_dofs).mean(-1)
+        self.state = CarState(
+            pos[:, 0].to(self.device), pos[:, 1].to(self.device), yaw.to(self.device),
+            (c * vel[:, 0] + s * vel[:, 1]).to(self.device), (-s * vel[:, 0] + c * vel[:, 1]).to(self.device),
+            ang[:, 2].to(self.device), steer.to(self.device),
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {
+            "qpos": self.car.get_qpos().clone(),
+            "dofs_vel": self.car.get_dofs_velocity().clone(),
+            "speed_state": self.speed_state.clone(),
+            **{f"params.{f.name}": getattr(self.params, f.name).clone() for f in fields(CarParams)},
+        }
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for f in fields(CarParams):
+            getattr(self.params, f.name).copy_(state[f"params.{f.name}"])
+        self.set_params(self.params, torch.arange(self.num_envs, device=self.device))
+        self.car.set_qpos(state["qpos"])
+        self.car.set_dofs_velocity(state["dofs_vel"])
+        self.speed_state.copy_(state["speed_state"])
+        self._read_state()
+
+    def close(self) -> None:
+        if getattr(self, "scene", None) is not None:
+            try:
+                self.scene.destroy()
+            except Exception:
+                pass
+            self.scene = None
