@@ -115,7 +115,8 @@ def main(cfg: CompareConfig) -> dict:
             f"{r['speed_cmd']:.1f}", f"{r['steer_cmd']:.2f}", f"{r['friction']:.1f}",
             f"{r['bicycle_speed']:.2f}/{r['genesis_speed']:.2f}",
             f"{r['bicycle_radius']:.2f}/{r['genesis_radius']:.2f}",
-            f"{r.get('radius_rel_diff', float('nan')):+.1%}", f"{r['pos_gap_2s']:.2f}", str(r.get("genesis_slides", "")),
+            f"{r.get('radius_rel_diff', float('nan')):+.1%}", f"{r['pos_gap_2s']:.2f}",
+            str(r.get("genesis_slides", "")),
         )  # fmt: skip
     console.print(table)
     out = Path(cfg.out_dir)
