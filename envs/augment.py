@@ -35,10 +35,10 @@ class AugmentConfig:
     """contrast gain range"""
     tone: float = 0.6
     """tone-curve strength range ±: y = x + a x (1 - x) (a > 0 brightens mid-tones like gamma < 1)"""
-    translate_p: float = 0.5
+    translate_p: float = 0.3
     """probability of a random shift"""
-    translate_px: int = 8
-    """largest shift (pixels)"""
+    translate_px: int = 4
+    """largest shift (pixels); large shifts contradict the steering labels (the track seems to move sideways)"""
     shadow_p: float = 0.3
     """probability of a straight-edged shadow over part of the image"""
     shadow_strength: tuple[float, float] = (0.4, 0.85)

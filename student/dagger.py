@@ -25,7 +25,7 @@ from student.model import StudentModel
 class DaggerConfig:
     """Schedule and sizes of a DAgger run."""
 
-    rounds: int = 12
+    rounds: int = 14
     """collection + training rounds"""
     beta: Literal["lbc", "exponential", "zero"] = "lbc"
     """probability that the teacher drives: lbc 0.5 * decay^round (student 0.5 + 0.5 (1 - decay^round)),
@@ -47,7 +47,7 @@ class DaggerConfig:
     labels_per_window: int = 36
     """supervised steps at the end of each window (the window adds the history encoder's context before them)"""
     learning_rate: float = 5e-4
-    """Adam learning rate"""
+    """Adam learning rate of round 0; it follows a cosine down to 10% by the last round"""
     z_weight: float = 1.0
     """lambda of the z-hat regression loss"""
     latency_weight: float = 0.2
@@ -174,6 +174,12 @@ def train_step(
         if not math.isfinite(value):
             raise FloatingPointError(f"non-finite {key} in a student update")
     return stats
+
+
+def round_learning_rate(cfg: DaggerConfig, round_index: int) -> float:
+    """Cosine decay over the rounds, from `learning_rate` to a tenth of it."""
+    frac = round_index / max(cfg.rounds - 1, 1)
+    return cfg.learning_rate * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
 def use_bf16(cfg: DaggerConfig) -> bool:

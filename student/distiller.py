@@ -22,7 +22,7 @@ from envs.config_io import to_yaml
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
-from student.dagger import DaggerConfig, choose_actions, teacher_probability, train_step
+from student.dagger import DaggerConfig, choose_actions, round_learning_rate, teacher_probability, train_step
 from student.loaded import STUDENT_KIND
 from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
 from teacher.policy import TeacherPolicy
@@ -160,6 +160,8 @@ class Distiller:
         fields = ("camera", "prev_action", "teacher_logits", "z", "targets")
         reader = WindowReader(self.data_dir, fields, window, cache_bytes=cfg.cache_mb * 1024**2, schema=self.schema)
         self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = round_learning_rate(cfg, self.round)
         sums: dict[str, float] = {}
         try:
             for _ in range(cfg.train_steps):
