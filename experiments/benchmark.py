@@ -36,6 +36,10 @@ class BenchmarkConfig:
     """env counts for the state-only (bicycle, no camera) env"""
     camera_envs: tuple[int, ...] = (16, 64, 256)
     """env counts for the camera (projective) env"""
+    genesis_envs: tuple[int, ...] = ()
+    """env counts for the Genesis state-only env (e.g. 16 64 256; empty = skip)"""
+    genesis_camera_envs: tuple[int, ...] = ()
+    """env counts for the Genesis-rendered camera (e.g. 1 16 64; empty = skip)"""
     steps: int = 200
     """timed control steps per measurement (camera: a quarter of this)"""
     warmup: int = 20
@@ -56,13 +60,14 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
     """Time env.step with random actions; returns steps/s, env-steps/s (= frames/s with a camera) and peak RSS."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    camera = "projective" if kind == "camera" else "none"
-    env_cfg = EnvConfig(num_envs=num_envs, track=cfg.track, camera=camera, compile=cfg.compile)
+    camera = {"camera": "projective", "genesis_camera": "genesis"}.get(kind, "none")
+    physics = "genesis" if kind == "genesis" else "bicycle"
+    env_cfg = EnvConfig(num_envs=num_envs, track=cfg.track, camera=camera, physics=physics, compile=cfg.compile)
     t0 = time.perf_counter()
     env = RacingEnv(env_cfg)
     build = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
-    steps = cfg.steps if kind == "state" else max(10, cfg.steps // 4)
+    steps = {"state": cfg.steps, "genesis": max(10, cfg.steps // 2)}.get(kind, max(10, cfg.steps // 4))
     actions = [torch.randint(0, env.action_space.num_choices, (num_envs, 1), generator=gen).float() for _ in range(8)]
     for i in range(cfg.warmup):
         env.step(actions[i % 8])
@@ -79,7 +84,12 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         "build_seconds": build,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
-    if kind == "camera":
+    if kind in ("genesis", "genesis_camera"):
+        import os as _os
+
+        result["physics_steps_per_s"] = result["env_steps_per_s"] * env_cfg.substeps
+        result["qd_num_threads"] = _os.environ.get("QD_NUM_THREADS", "default")
+    if kind in ("camera", "genesis_camera"):
         result["frames_per_s"] = result["env_steps_per_s"]
         state = env.physics.state
         t0 = time.perf_counter()
@@ -109,6 +119,7 @@ def main(cfg: BenchmarkConfig) -> dict:
     console = Console()
     results = []
     plan = [("state", n) for n in cfg.state_envs] + [("camera", n) for n in cfg.camera_envs]
+    plan += [("genesis", n) for n in cfg.genesis_envs] + [("genesis_camera", n) for n in cfg.genesis_camera_envs]
     base = [sys.executable, "-m", "experiments.benchmark", "default"]
     flags = [
         "--steps",
@@ -121,6 +132,12 @@ def main(cfg: BenchmarkConfig) -> dict:
         str(cfg.threads),
     ]
     flags += ["--compile" if cfg.compile else "--no-compile"]
+    flags += [
+        "--genesis-envs",
+        *map(str, cfg.genesis_envs),
+        "--genesis-camera-envs",
+        *map(str, cfg.genesis_camera_envs),
+    ]
     for kind, n in plan:
         console.print(f"measuring {kind} env at {n} envs ...")
         proc = subprocess.run([*base, *flags, "--single", f"{kind}:{n}"], capture_output=True, text=True, check=False)
@@ -152,6 +169,18 @@ PRESETS = {
     "smoke": (
         "a few steps at small sizes (checks the script, not the machine)",
         BenchmarkConfig(state_envs=(64,), camera_envs=(4,), steps=8, warmup=2, compile=False),
+    ),
+    "genesis": (
+        "Genesis state-only {16, 64, 256} and Genesis camera {1, 16, 64} (build times included)",
+        BenchmarkConfig(
+            state_envs=(),
+            camera_envs=(),
+            genesis_envs=(16, 64, 256),
+            genesis_camera_envs=(1, 16, 64),
+            steps=100,
+            warmup=5,
+            out="outputs/benchmark_genesis.json",
+        ),
     ),
 }
 

@@ -99,9 +99,13 @@ class GenesisCamera:
             )
         rng = np.random.default_rng(scene.cfg.room_seed)
         left, right = scene.track.borders(extra=scene.cfg.wall_offset + 0.6)
-        for i in range(clutter):
-            border = left if i % 2 else right
-            p = border[rng.integers(len(border))]
+        candidates = np.concatenate([left, right])
+        # Keep clutter clear of every part of the track (offset curves can cross the track in tight sections).
+        seg = scene.track.nearest_segment(torch.as_tensor(candidates, dtype=torch.float32))
+        dist = np.linalg.norm(candidates - scene.track.dense_np[seg.numpy()], axis=1)
+        clear = candidates[dist > scene.track.half_width_np.max() + scene.cfg.wall_offset + 0.4]
+        for _ in range(min(clutter, len(clear))):
+            p = clear[rng.integers(len(clear))]
             size = (rng.uniform(0.1, 0.4), rng.uniform(0.1, 0.4), rng.uniform(0.2, 1.7))
             shade = tuple(float(v) for v in rng.uniform(0.1, 0.9, size=3))
             self.scene.add_entity(
