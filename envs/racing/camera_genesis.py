@@ -87,9 +87,9 @@ class GenesisCamera:
             surface=gs.surfaces.Default(diffuse_texture=gs.textures.ImageTexture(image_array=scene.rgb_image())),
         )  # fmt: skip
         self._tmp = Path(tempfile.mkdtemp(prefix="gapbridge-genesis-"))
-        if scene.cfg.walls:
-            import trimesh
+        import trimesh
 
+        if scene.cfg.walls:
             verts, faces = wall_mesh(scene)
             mesh_path = self._tmp / "walls.obj"
             trimesh.Trimesh(verts, faces, process=False).export(mesh_path)
@@ -104,13 +104,24 @@ class GenesisCamera:
         seg = scene.track.nearest_segment(torch.as_tensor(candidates, dtype=torch.float32))
         dist = np.linalg.norm(candidates - scene.track.dense_np[seg.numpy()], axis=1)
         clear = candidates[dist > scene.track.half_width_np.max() + scene.cfg.wall_offset + 0.4]
-        for _ in range(min(clutter, len(clear))):
+        # Clutter as three meshes (light, mid, dark objects): few draw calls per env image.
+        import trimesh
+
+        groups: list[list] = [[], [], []]
+        for i in range(min(clutter, len(clear))):
             p = clear[rng.integers(len(clear))]
-            size = (rng.uniform(0.1, 0.4), rng.uniform(0.1, 0.4), rng.uniform(0.2, 1.7))
-            shade = tuple(float(v) for v in rng.uniform(0.1, 0.9, size=3))
+            size = (rng.uniform(0.1, 0.4), rng.uniform(0.1, 0.4), rng.uniform(0.2, 1.7))  # up to people-sized
+            box = trimesh.creation.box(extents=size)
+            box.apply_translation((float(p[0]), float(p[1]), size[2] / 2))
+            groups[i % 3].append(box)
+        for shade, boxes in zip((0.85, 0.5, 0.2), groups):
+            if not boxes:
+                continue
+            path = self._tmp / f"clutter_{shade}.obj"
+            trimesh.util.concatenate(boxes).export(path)
             self.scene.add_entity(
-                gs.morphs.Box(pos=(float(p[0]), float(p[1]), size[2] / 2), size=size, fixed=True, collision=False),
-                surface=gs.surfaces.Default(color=shade),
+                gs.morphs.Mesh(file=str(path), fixed=True, collision=False),
+                surface=gs.surfaces.Default(color=(shade, shade * 0.9, shade * 0.8)),
             )
         self.rig = self.scene.add_entity(
             gs.morphs.Box(size=(0.02, 0.02, 0.02), pos=(0, 0, self.RIG_HEIGHT), collision=False)

@@ -1,0 +1,91 @@
+"""DAgger run: exact resume after an interrupted round, manifest bookkeeping, refusal of a mismatched teacher."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from datasets.checkpoints import CheckpointError
+from datasets.rollouts import read_manifest
+from envs.augment import AugmentConfig
+from envs.racing.config import EnvConfig
+from envs.racing.evaluation import EvalConfig
+from student.dagger import DaggerConfig
+from student.distiller import Distiller
+from student.model import StudentConfig
+from student.networks import EncoderConfig
+from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.policy import load_teacher
+from teacher.trainer import TeacherTrainer, TrainerConfig
+
+ENV = EnvConfig(num_envs=8, compile=False)
+DAGGER = DaggerConfig(
+    rounds=2, envs=3, steps_per_round=12, train_steps=2, batch_windows=2, labels_per_window=3, bf16="off"
+)
+STUDENT = StudentConfig(encoder=EncoderConfig(channels=(8, 8, 8), embed_dim=16))
+EVAL = EvalConfig(start_points=1, laps=1, max_seconds=2.0)
+
+
+@pytest.fixture(scope="module")
+def teacher_path(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("teacher")
+    t = TeacherTrainer(ENV, TeacherPolicyConfig(hidden_dims=(16,), critic_hidden_dims=(16,)),
+                       PPOConfig(num_steps_per_env=4), TrainerConfig(iterations=1), EVAL, tmp)  # fmt: skip
+    return t.save(tmp / "teacher.pt")
+
+
+def distiller(teacher_path, run_dir, **kw):
+    return Distiller(load_teacher(teacher_path), ENV, STUDENT, kw.get("dagger", DAGGER), AugmentConfig(), EVAL, run_dir)
+
+
+def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path, tmp_path):
+    full = distiller(teacher_path, tmp_path / "full")
+    full.run(show_progress=False)
+
+    first = distiller(teacher_path, tmp_path / "part")
+
+    def crash(metrics, step):  # dies in round 2, after collecting and training, before its checkpoint
+        if metrics["dagger/round"] == 1.0:
+            raise KeyboardInterrupt
+
+    first.log = crash
+    with pytest.raises(KeyboardInterrupt):
+        first.run(show_progress=False)
+    assert [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]] == ["round_000.h5", "round_001.h5"]
+    (tmp_path / "part" / "data" / "round_001.h5").write_bytes(b"half a shard")  # and its shard is damaged
+    resumed = distiller(teacher_path, tmp_path / "part")
+    resumed.resume(tmp_path / "part" / "checkpoints" / "round_001.pt")
+    assert resumed.round == 1
+    resumed.run(show_progress=False)
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), "bit-exact continuation"
+    assert json.dumps(full.history) == json.dumps(resumed.history)
+    shards = [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]]
+    assert shards == ["round_000.h5", "round_001.h5"]
+
+
+def test_teacher_with_another_action_space_is_refused(teacher_path, tmp_path):
+    with pytest.raises(CheckpointError, match="action space mismatch"):
+        Distiller(load_teacher(teacher_path), replace(ENV, action_space="fast-throttle"), STUDENT, DAGGER,
+                  AugmentConfig(), EVAL, tmp_path)  # fmt: skip
+
+
+def test_distill_smoke_subprocess(teacher_path, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.distill_student", "smoke", "--teacher", str(teacher_path),
+         "--run-dir", str(tmp_path / "s")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "s" / "eval.json").read_text())
+    assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
