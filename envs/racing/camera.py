@@ -183,16 +183,25 @@ class ProjectiveCamera:
 
         Rendered in chunks of `cfg.chunk` envs so the per-pixel intermediates stay cache-sized on a CPU."""
         n, step = x.shape[0], self.cfg.chunk if self.device.type == "cpu" else x.shape[0]
+        walls = self._walls(x, y, yaw, visuals) if self.scene.cfg.walls else None  # per azimuth bin: all envs at once
         if n <= step:
-            return self._render(x, y, yaw, visuals)
+            return self._render(x, y, yaw, visuals, walls)
         out = torch.empty(n, 1, self.cfg.height_px, self.cfg.width, dtype=torch.uint8, device=self.device)
         for i in range(0, n, step):
             sl = slice(i, i + step)
             part = VisualSample(*(getattr(visuals, f)[sl] for f in VisualSample.__dataclass_fields__))
-            out[sl] = self._render(x[sl], y[sl], yaw[sl], part)
+            part_walls = (walls[0][:, sl], walls[1][:, sl]) if walls is not None else None
+            out[sl] = self._render(x[sl], y[sl], yaw[sl], part, part_walls)
         return out
 
-    def _render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
+    def _walls(self, x: Tensor, y: Tensor, yaw: Tensor, v: VisualSample) -> tuple[Tensor, Tensor]:
+        """Barrier distance and luma per azimuth bin, `(B, N)` each."""
+        c, s = torch.cos(yaw), torch.sin(yaw)
+        dist, hit_xy = self._wall_distance(x + self.cfg.forward * c, y + self.cfg.forward * s, yaw)
+        stripe = torch.remainder(torch.floor((hit_xy[..., 0] + hit_xy[..., 1]) / 0.3), 2.0)
+        return dist, v.wall * (0.88 + 0.24 * stripe)
+
+    def _render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample, walls) -> Tensor:
         n, cfg, scene, v = x.shape[0], self.cfg, self.scene, visuals
         c, s = torch.cos(yaw), torch.sin(yaw)
         # Car-frame ground points (gx, gy, 1) -> grid coordinates with one GEMM: (Pg, 3) @ (3, N * 2).
@@ -219,11 +228,8 @@ class ProjectiveCamera:
         luma[self.ground_idx] = ground
         luma[self.sky_idx] = sky_bins[self.pixel_bin[self.sky_idx]] * self.sky_shade
 
-        if scene.cfg.walls:
-            cam_x, cam_y = x + cfg.forward * c, y + cfg.forward * s
-            dist, hit_xy = self._wall_distance(cam_x, cam_y, yaw)  # (B, N)
-            stripe = torch.remainder(torch.floor((hit_xy[..., 0] + hit_xy[..., 1]) / 0.3), 2.0)
-            wall = v.wall * (0.88 + 0.24 * stripe)  # (B, N)
+        if walls is not None:
+            dist, wall = walls  # (B, N)
             d_pix = dist[self.pixel_bin]  # (P, N)
             visible = d_pix < self.wall_far
             if self.wall_near is not None:
