@@ -81,7 +81,7 @@ def car_urdf(spec: CarSpec) -> str:
     drive_limit = '<limit effort="0.6" velocity="200"/>'
     body = f"""
   <link name="chassis">
-    <inertial><mass value="{chassis_mass}"/>
+    <inertial><origin xyz="0 0 {cz / 2 + 0.01}"/><mass value="{chassis_mass}"/>
       <inertia ixx="{ix}" iyy="{iy}" izz="{iz}" ixy="0" ixz="0" iyz="0"/></inertial>
     <visual><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></visual>
     <collision><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></collision>
