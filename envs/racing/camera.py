@@ -136,8 +136,16 @@ class ProjectiveCamera:
         azimuth = torch.atan2(rays[:, 1], rays[:, 0])
         lo, hi = float(azimuth.min()), float(azimuth.max())
         self.bin_azimuth = torch.linspace(lo, hi, cfg.wall_bins, device=self.device)  # (B,)
-        self.pixel_bin = ((azimuth - lo) / max(hi - lo, 1e-9) * (cfg.wall_bins - 1)).round().long()  # (P,)
+        pixel_bin = ((azimuth - lo) / max(hi - lo, 1e-9) * (cfg.wall_bins - 1)).round().long()  # (P,)
         self.sky_shade = (1.0 - 0.25 * rays[self.sky_idx, 2].clamp(min=0.0))[:, None]  # (Ps, 1)
+        # Internally pixels are ordered sky first, then ground, so each part is one contiguous block of rows; the
+        # finished uint8 frame is put back into image order with one row gather.
+        order = torch.cat([self.sky_idx, self.ground_idx])
+        self.image_order = torch.argsort(order)
+        self.pixel_bin = pixel_bin[order]
+        self.wall_far = self.wall_far[order]
+        self.wall_near = self.wall_near[order] if self.wall_near is not None else None
+        self.n_sky = len(self.sky_idx)
 
     # --------------------------------------------------------------------------------------------------- walls
     def _wall_distance(self, cam_x: Tensor, cam_y: Tensor, yaw: Tensor) -> tuple[Tensor, Tensor]:
@@ -225,8 +233,8 @@ class ProjectiveCamera:
         world_az = torch.remainder(self.bin_azimuth[:, None] + yaw[None, :], 2 * math.pi)
         sky_bins = pano[(world_az * (pano.shape[0] / (2 * math.pi))).long().clamp(max=pano.shape[0] - 1)] * v.sky
         luma = torch.empty(self.pixel_bin.shape[0], n, device=self.device)
-        luma[self.ground_idx] = ground
-        luma[self.sky_idx] = sky_bins[self.pixel_bin[self.sky_idx]] * self.sky_shade
+        luma[self.n_sky :] = ground
+        torch.mul(sky_bins[self.pixel_bin[: self.n_sky]], self.sky_shade, out=luma[: self.n_sky])
 
         if walls is not None:
             dist, wall = walls  # (B, N)
@@ -236,7 +244,7 @@ class ProjectiveCamera:
                 visible &= d_pix >= self.wall_near
             luma = torch.where(visible, wall[self.pixel_bin], luma)
 
-        frames = (luma * v.brightness).clamp_(0.0, 255.0).to(torch.uint8)
+        frames = (luma * v.brightness).clamp_(0.0, 255.0).to(torch.uint8).index_select(0, self.image_order)
         return frames.t().reshape(n, 1, cfg.height_px, cfg.width)
 
 
