@@ -53,6 +53,8 @@ class RunCarConfig:
     """sim settings (source sim); its action space must match the export's"""
     realtime: bool = False
     """sim only: hold the real 15 Hz rate (otherwise as fast as the runtime allows)"""
+    torch_checkpoint: str = ""
+    """sim only: also drive the same sim (same seed) with this torch student checkpoint and report both"""
 
 
 class SimCar:
@@ -97,6 +99,27 @@ class CameraSource:
         return (frame, time.monotonic()) if ok else None
 
 
+def counts_steps(cfg: RunCarConfig) -> int:
+    return cfg.loop.max_steps or 450
+
+
+def drive_torch(checkpoint: str, env_cfg: EnvConfig, steps: int) -> dict:
+    """The torch student on the same sim (fresh env, same seed) for comparison with the exported one."""
+    from student.loaded import load_student
+
+    student = load_student(checkpoint)
+    car = SimCar(RacingEnv(env_cfg))
+    obs = car.obs
+    for _ in range(steps):
+        obs, _, dones, extras = car.env.step(student.act(obs))
+        student.reset(dones)
+        if bool(extras["new_lap"][0]):
+            car.laps += 1
+            car.lap_times.append(float(extras["lap_time"][0]))
+        car.offtrack += int(extras["offtrack"][0])
+    return {"laps": car.laps, "offtrack": car.offtrack, "lap_times": car.lap_times, "steps": steps}
+
+
 def main(cfg: RunCarConfig) -> dict:
     console = Console()
     runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration)
@@ -111,6 +134,8 @@ def main(cfg: RunCarConfig) -> dict:
             sleep = time.sleep if cfg.realtime else (lambda s: None)
             counts = drive(runtime, car, car.actuate, cfg.loop, log, sleep=sleep)
             summary.update({"laps": car.laps, "offtrack": car.offtrack, "lap_times": car.lap_times})
+            if cfg.torch_checkpoint:
+                summary["torch_student"] = drive_torch(cfg.torch_checkpoint, env_cfg, counts_steps(cfg))
         elif cfg.source == "camera":
             counts = drive(runtime, CameraSource(cfg.device), lambda cmd: None, cfg.loop, log)
         else:
