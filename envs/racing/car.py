@@ -201,20 +201,24 @@ class ActionSpace:
 
     @classmethod
     def load(cls, path: str | Path) -> ActionSpace:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ActionSpaceError(f"{path}: file not found") from None
-        except json.JSONDecodeError as err:
-            raise ActionSpaceError(f"{path}: invalid JSON ({err})") from None
-        return cls.from_metadata(data, source=str(path))
+        return cls.from_metadata(read_json(path, "file"), source=str(path))
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(self.to_metadata(), indent=2))
         tmp.replace(path)
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Parsed JSON of `path`; a missing file or invalid JSON is an ActionSpaceError naming the file."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ActionSpaceError(f"{path}: {what} not found") from None
+    except json.JSONDecodeError as err:
+        raise ActionSpaceError(f"{path}: invalid JSON ({err})") from None
 
 
 def _number(value: Any, source: str, where: Any) -> float:
@@ -313,12 +317,7 @@ class Calibration:
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ActionSpaceError(f"{path}: calibration file not found") from None
-        except json.JSONDecodeError as err:
-            raise ActionSpaceError(f"{path}: invalid JSON ({err})") from None
+        data = read_json(path, "calibration file")
         if not isinstance(data, dict) or set(data) - {"steering", "speed"}:
             raise ActionSpaceError(f"{path}: calibration needs only 'steering' and 'speed' tables")
         kwargs: dict[str, Any] = {"source": str(path)}
