@@ -122,7 +122,9 @@ def salt_pepper_(x: Tensor, density: list[float], windows: list[int], g: torch.G
         if k == 0:
             continue
         where = torch.randint(0, per_window, (k,), generator=g, device=x.device)
-        value = (torch.rand(k, generator=g, device=x.device) < 0.5).to(x.dtype)
+        # Black or white by the pixel index's parity: a pixel drawn twice gets the same value whatever the write
+        # order, so parallel writes stay deterministic.
+        value = (where % 2).to(x.dtype)
         x[i].view(-1).index_put_((where,), value)
 
 
