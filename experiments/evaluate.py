@@ -3,9 +3,13 @@
     python -m experiments.evaluate default --checkpoint runs/teacher/checkpoints/iter_000100.pt
     python -m experiments.evaluate default --checkpoint ... --tracks oval technical --conditions nominal
     python -m experiments.evaluate default --checkpoint ... --physics genesis
+    python -m experiments.evaluate robust --checkpoint runs/student/checkpoints/round_014.pt   # sim and proxy
+    python -m experiments.evaluate proxy --checkpoint ... --reality.variant office-corridor
 
-`--conditions train` uses the randomization the policy was trained with (latency, friction, gains, action noise);
-`nominal` switches every randomization off.
+`--world sim` runs the training sim: `--conditions train` uses the randomization the policy was trained with
+(latency, friction, gains, action noise), `nominal` switches every randomization off, `--action-noise x` adds action
+noise up to x. `--world proxy` runs the held-out reality proxy (`--reality.*`, see envs/racing/reality.py);
+`--world both` runs both with the same episode plan, so the gap is one subtraction.
 """
 
 from __future__ import annotations
@@ -23,16 +27,12 @@ from envs.config_io import write_text_atomic
 from envs.errors import ConfigError
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluate, evaluation_env_config
-from envs.racing.randomization import RandomizationConfig
+from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
+from experiments.transfer import NOMINAL, score
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import TEACHER_KIND, load_teacher
-
-NOMINAL = RandomizationConfig(
-    friction=False, mass=False, motor_gain=False, steering_gain=False, steering_offset=False, action_latency=False,
-    camera_latency=False, action_noise=False, visual=False, random_start=False,
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,13 @@ class EvaluateConfig:
     physics: str = ""
     """physics backend override (bicycle | genesis); empty = as trained"""
     conditions: Literal["train", "nominal"] = "train"
-    """world randomization: as in training, or all off"""
+    """training-sim randomization: as in training, or all off"""
+    action_noise: float = -1.0
+    """training sim: action noise up to this fraction (robust evaluation uses 0.1); negative = as conditions say"""
+    world: Literal["sim", "proxy", "both"] = "sim"
+    """the training sim, the held-out reality proxy, or both"""
+    reality: RealityConfig = field(default_factory=RealityConfig)
+    """the reality proxy (with --world proxy or both)"""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=8, laps=1, max_seconds=40.0))
     """episodes: start points, directions, repeats, laps, seed"""
     out_dir: str = "outputs/evaluate"
@@ -72,49 +78,78 @@ def main(cfg: EvaluateConfig) -> dict:
         raise ConfigError("--checkpoint is required")
     console = Console()
     policy = load_policy(cfg.checkpoint)
-    base = policy.env_cfg
+    sim = policy.env_cfg
     if cfg.physics:
-        base = replace(base, physics=cfg.physics)
+        sim = replace(sim, physics=cfg.physics)
     if cfg.conditions == "nominal":
-        base = replace(base, randomization=replace(NOMINAL, direction=base.randomization.direction))
-    base = replace(base, compile=False)
+        sim = replace(sim, randomization=replace(NOMINAL, direction=sim.randomization.direction))
+    if cfg.action_noise >= 0:
+        rnd = replace(sim.randomization, action_noise=cfg.action_noise > 0, action_noise_max=cfg.action_noise)
+        sim = replace(sim, randomization=rnd)
+    worlds = {"sim": replace(sim, compile=False)}
+    if cfg.world in ("proxy", "both"):
+        worlds["proxy"] = reality_env_config(policy.env_cfg, cfg.reality)
+        if cfg.world == "proxy":
+            del worlds["sim"]
     out = Path(cfg.out_dir)
-    results: dict = {"checkpoint": cfg.checkpoint, "conditions": cfg.conditions, "tracks": {}}
-    table = Table(title=f"{Path(cfg.checkpoint).name}: {cfg.conditions} conditions, {base.physics} physics")
-    for col in ("track", "laps (fwd / rev)", "95% CI", "lap time (s)", "lap / optimal", "progress", "off-track"):
+    results: dict = {"checkpoint": cfg.checkpoint, "conditions": cfg.conditions, "worlds": {}, "tracks": {}}
+    table = Table(title=f"{Path(cfg.checkpoint).name}: {cfg.eval.num_episodes} episodes per row")
+    for col in ("world", "track", "laps (fwd / rev)", "95% CI", "lap time (s)", "lap / optimal", "progress",
+                "off-track"):  # fmt: skip
         table.add_column(col)
-    for track in cfg.tracks or (base.track,):
-        env_cfg = replace(base, track=track)
-        env = RacingEnv(evaluation_env_config(env_cfg, cfg.eval))
-        policy.check_env(env)
-        reset = getattr(policy, "reset", None)
-        metrics, records, env = evaluate(policy.act, env_cfg, cfg.eval, reset=reset, env=env)
-        results["tracks"][track] = {
-            "metrics": metrics,
-            "optimal_lap_time": env.optimal_lap_time,
-            "episodes": [
-                {k: getattr(r, k) for k in ("start", "direction", "success", "lap_time", "progress", "offtrack")}
-                for r in records
-            ],
-        }
-        table.add_row(
-            track, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
-            f"[{metrics['lap_completion_ci_low']:.2f}, {metrics['lap_completion_ci_high']:.2f}]",
-            f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{metrics['progress']:.2f}",
-            f"{int(metrics['offtrack_count'])}",
-        )  # fmt: skip
-        plot_trajectories(
-            env.track, [r.path for r in records], out / f"trajectories_{track.replace('/', '_')}.png",
-            colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in records],
-            title=f"{track}: {metrics['lap_completion']:.0%} laps completed (blue forward, orange reverse)",
-        )  # fmt: skip
-        env.close()
+    for world, base in worlds.items():
+        label = f"{world} ({base.physics}/{base.camera})"
+        for track in cfg.tracks or (base.track,):
+            metrics, records, env = evaluate_one(policy, replace(base, track=track), cfg.eval)
+            entry = {
+                "metrics": metrics,
+                "optimal_lap_time": env.optimal_lap_time,
+                "episodes": [
+                    {k: getattr(r, k) for k in ("start", "direction", "success", "lap_time", "progress", "offtrack")}
+                    for r in records
+                ],
+            }
+            results["worlds"].setdefault(world, {})[track] = entry
+            if world == next(iter(worlds)):
+                results["tracks"][track] = entry
+            table.add_row(
+                label, track, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
+                f"[{metrics['lap_completion_ci_low']:.2f}, {metrics['lap_completion_ci_high']:.2f}]",
+                f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{metrics['progress']:.2f}",
+                f"{int(metrics['offtrack_count'])}",
+            )  # fmt: skip
+            plot_trajectories(
+                env.track, [r.path for r in records], out / f"trajectories_{world}_{track.replace('/', '_')}.png",
+                colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in records],
+                title=f"{world}, {track}: {metrics['lap_completion']:.0%} laps (blue forward, orange reverse)",
+            )  # fmt: skip
+            env.close()
     console.print(table)
-    if cfg.estimation and hasattr(policy, "model") and policy.model.history is not None:
-        results["estimation"] = online_estimation_report(policy.model, base, console)
+    if "sim" in worlds and "proxy" in worlds:
+        for track in results["worlds"]["proxy"]:
+            s_sim = results["worlds"]["sim"][track]["metrics"]["score"]
+            s_proxy = results["worlds"]["proxy"][track]["metrics"]["score"]
+            results["worlds"].setdefault("gap", {})[track] = s_sim - s_proxy
+            console.print(
+                f"{track}: sim-to-proxy gap {s_sim - s_proxy:+.3f} (score: sim {s_sim:.3f}, proxy {s_proxy:.3f})"
+            )
+    if cfg.estimation and "sim" in worlds and hasattr(policy, "model") and policy.model.history is not None:
+        results["estimation"] = online_estimation_report(policy.model, worlds["sim"], console)
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
+
+
+def evaluate_one(policy, env_cfg, eval_cfg: EvalConfig):
+    env = RacingEnv(evaluation_env_config(env_cfg, eval_cfg))
+    try:
+        policy.check_env(env)
+    except Exception:
+        env.close()
+        raise
+    metrics, records, env = evaluate(policy.act, env_cfg, eval_cfg, reset=getattr(policy, "reset", None), env=env)
+    metrics["score"] = score(metrics)
+    return metrics, records, env
 
 
 def online_estimation_report(model, env_cfg, console: Console) -> dict:
@@ -146,6 +181,14 @@ def online_estimation_report(model, env_cfg, console: Console) -> dict:
 
 PRESETS = {
     "default": ("8 start points x 2 directions, 1 lap each", EvaluateConfig()),
+    "robust": (
+        "robust evaluation in the training sim (10% action noise) and in the reality proxy, 20 laps each",
+        EvaluateConfig(world="both", action_noise=0.1, eval=EvalConfig(start_points=10, max_seconds=40.0, seed=7)),
+    ),
+    "proxy": (
+        "20 laps in the reality proxy",
+        EvaluateConfig(world="proxy", eval=EvalConfig(start_points=10, max_seconds=40.0, seed=7)),
+    ),
     "smoke": ("2 start points, short episodes", EvaluateConfig(eval=EvalConfig(start_points=1, max_seconds=5.0))),
 }
 

@@ -78,6 +78,12 @@ class RunLogger:
                 frames = np.repeat(frames, 3, axis=1)
             self.run.log({key: wandb.Video(frames, fps=fps, format="mp4"), "global_step": step})
 
+    def table(self, key: str, columns: list[str], rows: list[list], step: int) -> None:
+        if self.run is not None:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows), "global_step": step})
+
     def artifact(self, path: str | Path, name: str, kind: str) -> None:
         if self.run is not None:
             import wandb

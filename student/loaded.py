@@ -21,15 +21,17 @@ class LoadedStudent:
         self.model, self.action_space, self.env_cfg, self.source = model.eval(), action_space, env_cfg, source
         self._policy: StudentPolicy | None = None
 
-    def act(self, obs):
-        n = obs["camera"].shape[0]
+    def _batch(self, n: int) -> StudentPolicy:
+        """The recurrent state for `n` envs (a fresh one when the batch size changes)."""
         if self._policy is None or self._policy.state.shape[0] != n:
             self._policy = StudentPolicy(self.model, n)
-        return self._policy.act(obs)
+        return self._policy
+
+    def act(self, obs):
+        return self._batch(obs["camera"].shape[0]).act(obs)
 
     def reset(self, dones) -> None:
-        if self._policy is not None:
-            self._policy.reset(dones)
+        self._batch(dones.shape[0]).reset(dones)
 
     @property
     def last_heads(self):

@@ -44,6 +44,23 @@ def wall_mesh(scene: TrackScene) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(verts, dtype=np.float32), np.asarray(faces, dtype=np.int64)
 
 
+def fisheye_grid(cfg: CameraConfig) -> Tensor:
+    """`(1, H, W, 2)` grid_sample coordinates that resample a pinhole image of `cfg.hfov_deg` into an equidistant
+    fisheye image of the same horizontal field of view (the fisheye corners see beyond the pinhole image: black)."""
+    w, h = cfg.width, cfg.height_px
+    half_fov = math.radians(cfg.hfov_deg) / 2
+    f_fish = (w / 2) / half_fov
+    f_pin = (w / 2) / math.tan(half_fov)
+    xs = torch.arange(w, dtype=torch.float64) + 0.5 - w / 2
+    ys = torch.arange(h, dtype=torch.float64) + 0.5 - h / 2
+    px, py = torch.meshgrid(xs, ys, indexing="xy")
+    r = torch.sqrt(px * px + py * py).clamp(min=1e-9)
+    theta = (r / f_fish).clamp(max=math.radians(89.0))
+    scale = f_pin * torch.tan(theta) / r
+    gx, gy = px * scale / (w / 2), py * scale / (h / 2)
+    return torch.stack([gx, gy], -1).float().unsqueeze(0)
+
+
 def mount_transform(cfg: CameraConfig, base_height: float) -> np.ndarray:
     """4x4 pose of the camera in the rig frame (OpenGL camera: looks along -z, +y up)."""
     p = math.radians(cfg.pitch_deg)
@@ -62,12 +79,15 @@ class GenesisCamera:
     name = "genesis"
     RIG_HEIGHT = 0.05
 
-    def __init__(
-        self, physics, scene: TrackScene, cfg: CameraConfig, device: str | torch.device = "cpu", clutter: int = 24
-    ) -> None:
-        if cfg.lens != "pinhole":
-            raise ConfigError("env.camera=genesis renders a pinhole lens; the fisheye lens is projective-camera only")
+    def __init__(self, physics, scene: TrackScene, cfg: CameraConfig, device: str | torch.device = "cpu") -> None:
+        if cfg.hfov_deg > 150.0:
+            raise ConfigError(f"env.camera=genesis renders through a pinhole first: camera.hfov_deg <= 150 (got "
+                              f"{cfg.hfov_deg}); use env.camera=projective for wider fisheye lenses")  # fmt: skip
         self.device = torch.device(device)
+        self.warp = fisheye_grid(cfg).to(self.device) if cfg.lens == "fisheye" else None
+        look = scene.cfg
+        az, el = math.radians(look.light_azimuth_deg), math.radians(look.light_elevation_deg)
+        light_dir = (-math.cos(el) * math.cos(az), -math.cos(el) * math.sin(az), -math.sin(el))
         self.cfg, self.track_scene = cfg, scene
         self.num_envs = physics.num_envs
         gs = init_genesis(self.device)
@@ -76,7 +96,9 @@ class GenesisCamera:
             show_viewer=False,
             vis_options=gs.options.VisOptions(
                 split_envs=True, shadow=False, plane_reflection=False, show_world_frame=False,
-                background_color=(0.75, 0.75, 0.75), ambient_light=(0.45, 0.45, 0.45),
+                background_color=(0.75, 0.75, 0.75), ambient_light=(look.ambient,) * 3,
+                lights=[{"type": "directional", "dir": light_dir, "color": (1.0, 1.0, 1.0),
+                         "intensity": 5.0 * look.light_intensity}],
             ),
             rigid_options=gs.options.RigidOptions(enable_collision=False, gravity=(0.0, 0.0, 0.0)),
         )  # fmt: skip
@@ -108,7 +130,7 @@ class GenesisCamera:
         import trimesh
 
         groups: list[list] = [[], [], []]
-        for i in range(min(clutter, len(clear))):
+        for i in range(min(look.clutter, len(clear))):
             p = clear[rng.integers(len(clear))]
             size = (rng.uniform(0.1, 0.4), rng.uniform(0.1, 0.4), rng.uniform(0.2, 1.7))  # up to people-sized
             box = trimesh.creation.box(extents=size)
@@ -152,8 +174,11 @@ class GenesisCamera:
         rgb = torch.as_tensor(np.asarray(rgb), device=self.device).float()
         if rgb.dim() == 3:
             rgb = rgb.unsqueeze(0)
-        luma = (rgb @ LUMA.to(rgb.device)) * visuals.brightness.view(-1, 1, 1)
-        return luma.clamp_(0, 255).to(torch.uint8).unsqueeze(1)
+        luma = ((rgb @ LUMA.to(rgb.device)) * visuals.brightness.view(-1, 1, 1)).unsqueeze(1)
+        if self.warp is not None:
+            grid = self.warp.expand(luma.shape[0], -1, -1, -1)
+            luma = torch.nn.functional.grid_sample(luma, grid, mode="bilinear", align_corners=False)
+        return luma.clamp_(0, 255).to(torch.uint8)
 
     def close(self) -> None:
         try:

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -52,6 +52,8 @@ class CarSpec:
     """largest forward acceleration of the drivetrain (m/s^2)"""
     max_brake: float = 6.0
     """largest deceleration (m/s^2)"""
+    drivetrain: Literal["all", "rear"] = "all"
+    """driven wheels of the contact-wheel (genesis) car; the DeepRacer chassis is four-wheel drive"""
 
     def __post_init__(self) -> None:
         check_range("car.wheelbase", self.wheelbase, 0.05, 1.0)
@@ -63,6 +65,8 @@ class CarSpec:
         for name in ("steering_time_constant", "motor_time_constant", "max_accel", "max_brake", "yaw_inertia"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"car.{name} must be > 0, got {getattr(self, name)}")
+        if self.drivetrain not in ("all", "rear"):
+            raise ConfigError(f"car.drivetrain={self.drivetrain!r}; use 'all' or 'rear'")
 
     @property
     def cg_to_rear(self) -> float:

@@ -8,8 +8,10 @@ from typing import Literal
 from envs.errors import ConfigError, check_range
 from envs.racing.camera import CameraConfig
 from envs.racing.car import CarSpec
+from envs.racing.effects import EffectsConfig
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.rewards import RewardConfig, TerminationConfig
+from envs.racing.sensor import SensorConfig
 from envs.racing.track_texture import SceneConfig
 
 
@@ -68,6 +70,10 @@ class EnvConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     termination: TerminationConfig = field(default_factory=TerminationConfig)
     obs: ObservationConfig = field(default_factory=ObservationConfig)
+    effects: EffectsConfig = field(default_factory=EffectsConfig)
+    """unmodeled actuation effects (all off in the training sim; the reality proxy turns them on)"""
+    sensor: SensorConfig = field(default_factory=SensorConfig)
+    """image-sensor defects applied after rendering (off in the training sim)"""
 
     def __post_init__(self) -> None:
         check_range("env.num_envs", self.num_envs, 1, 1_000_000)

@@ -1,9 +1,15 @@
-"""Actuation and sensing effects: latency ring buffers (in physics substeps) and action noise."""
+"""Actuation and sensing effects: latency ring buffers (in physics substeps), action noise, and the unmodeled
+actuation effects of the reality proxy (battery sag, servo slew rate and deadband, throttle map, latency jitter)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from envs.errors import check_range
 
 
 class DelayLine:
@@ -44,3 +50,98 @@ def action_noise(
     u = torch.rand(2, steer.shape[0], generator=generator, device=steer.device) * 2.0 - 1.0
     noisy_steer = (steer + u[0] * scale * max_steering).clamp(-max_steering, max_steering)
     return noisy_steer, speed * (1.0 + u[1] * scale)
+
+
+@dataclass(frozen=True)
+class EffectsConfig:
+    """Actuation effects the training sim leaves out by default; the reality proxy turns them on.
+
+    All zero / one = off, so a training env behaves exactly as before unless an experiment asks for them.
+    """
+
+    battery_sag_per_minute: float = 0.0
+    """speed gain lost per minute of driving (fraction); the charge runs down over a session, not per episode"""
+    battery_floor: float = 0.8
+    """the speed gain never falls below this"""
+    servo_rate_dps: float = 0.0
+    """steering servo slew-rate limit (degrees/s); 0 = unlimited"""
+    steering_deadband_deg: float = 0.0
+    """steering commands smaller than this (degrees) do not move the servo"""
+    throttle_exponent: float = 1.0
+    """nonlinear throttle map: speed = max_speed * (command / max_speed) ** exponent (1 = linear)"""
+    latency_jitter_ms: float = 0.0
+    """extra action latency drawn uniformly in [0, x] ms every control step"""
+    steering_offset_deg: float = 0.0
+    """steering trim error added on top of the randomization (degrees, + = left)"""
+
+    def __post_init__(self) -> None:
+        check_range("effects.battery_sag_per_minute", self.battery_sag_per_minute, 0.0, 1.0)
+        check_range("effects.battery_floor", self.battery_floor, 0.1, 1.0)
+        check_range("effects.servo_rate_dps", self.servo_rate_dps, 0.0, 5000.0)
+        check_range("effects.steering_deadband_deg", self.steering_deadband_deg, 0.0, 10.0)
+        check_range("effects.throttle_exponent", self.throttle_exponent, 0.3, 3.0)
+        check_range("effects.latency_jitter_ms", self.latency_jitter_ms, 0.0, 200.0)
+        check_range("effects.steering_offset_deg", self.steering_offset_deg, -10.0, 10.0)
+
+    @property
+    def active(self) -> bool:
+        return self != EffectsConfig()
+
+
+class ActuatorEffects:
+    """Per-env state of the unmodeled actuation effects (battery charge used, servo position).
+
+    `command` maps a control-step command through deadband, trim, throttle map and battery gain; `latency` adds the
+    jitter; `servo` applies the slew-rate limit every physics substep.
+    """
+
+    def __init__(
+        self, cfg: EffectsConfig, num_envs: int, dt_physics: float, max_speed: float, device: torch.device
+    ) -> None:
+        self.cfg, self.dt_physics, self.max_speed = cfg, dt_physics, max_speed
+        self.servo_angle = torch.zeros(num_envs, device=device)
+        self.drive_seconds = torch.zeros(num_envs, device=device)  # session time: never reset between episodes
+        self.jitter_steps = int(round(cfg.latency_jitter_ms / 1000.0 / dt_physics))
+
+    def battery_gain(self) -> Tensor:
+        sag = self.cfg.battery_sag_per_minute * self.drive_seconds / 60.0
+        return (1.0 - sag).clamp(min=self.cfg.battery_floor)
+
+    def command(self, steer: Tensor, speed: Tensor) -> tuple[Tensor, Tensor]:
+        cfg = self.cfg
+        deadband = math.radians(cfg.steering_deadband_deg)
+        steer = torch.where(steer.abs() < deadband, torch.zeros_like(steer), steer)
+        steer = steer + math.radians(cfg.steering_offset_deg)
+        if cfg.throttle_exponent != 1.0:
+            speed = self.max_speed * (speed / self.max_speed).clamp(min=0.0) ** cfg.throttle_exponent
+        return steer, speed
+
+    def latency(self, latency: Tensor, generator: torch.Generator) -> Tensor:
+        if self.jitter_steps == 0:
+            return latency
+        extra = torch.randint(0, self.jitter_steps + 1, latency.shape, generator=generator, device=latency.device)
+        return latency + extra
+
+    def servo(self, steer: Tensor) -> Tensor:
+        """Move the servo toward `steer` by at most rate * dt this substep; returns the servo angle."""
+        if self.cfg.servo_rate_dps <= 0:
+            self.servo_angle = steer.clone()
+        else:
+            step = math.radians(self.cfg.servo_rate_dps) * self.dt_physics
+            self.servo_angle = self.servo_angle + (steer - self.servo_angle).clamp(-step, step)
+        self.drive_seconds += self.dt_physics
+        return self.servo_angle
+
+    def reset(self, env_ids: Tensor) -> None:
+        self.servo_angle[env_ids] = 0.0
+
+    def new_session(self) -> None:
+        """A freshly charged battery (a new evaluation session)."""
+        self.drive_seconds.zero_()
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"servo_angle": self.servo_angle.clone(), "drive_seconds": self.drive_seconds.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        self.servo_angle.copy_(state["servo_angle"])
+        self.drive_seconds.copy_(state["drive_seconds"])

@@ -22,7 +22,7 @@ from envs.racing.camera import make_camera
 from envs.racing.car import Calibration, load_action_space
 from envs.racing.config import EnvConfig
 from envs.racing.deepracer_reward import DeepRacerParams, evaluate_reward_function, load_reward_function
-from envs.racing.effects import DelayLine, action_noise
+from envs.racing.effects import ActuatorEffects, DelayLine, action_noise
 from envs.racing.observations import imu_reading, teacher_observation
 from envs.racing.physics_bicycle import BicyclePhysics, CarParams, CarState
 from envs.racing.randomization import (
@@ -34,6 +34,7 @@ from envs.racing.randomization import (
     uniform,
 )
 from envs.racing.rewards import is_offtrack, total_reward
+from envs.racing.sensor import SensorModel
 from envs.racing.track import wrap_angle
 from envs.racing.track_texture import TrackScene
 
@@ -82,6 +83,12 @@ class RacingEnv:
             self._deepracer_params = DeepRacerParams(self.track)
         self.scene = TrackScene(self.track, cfg.scene, self.device) if cfg.camera != "none" else None
         self.camera = self._make_camera() if cfg.camera != "none" else None
+        self.effects = None
+        if cfg.effects.active:
+            self.effects = ActuatorEffects(cfg.effects, self.num_envs, cfg.dt_physics, self.max_speed, self.device)
+        self.sensor = None
+        if self.camera is not None and cfg.sensor.active:
+            self.sensor = SensorModel(cfg.sensor, cfg.optics.height_px, cfg.optics.width, self.device)
         self._allocate()
         self.reset()
 
@@ -97,7 +104,8 @@ class RacingEnv:
         n, dev, cfg = self.num_envs, self.device, self.cfg
         zeros = lambda *shape, dtype=torch.float32: torch.zeros(n, *shape, dtype=dtype, device=dev)  # noqa: E731
         rnd = cfg.randomization
-        capacity = int(math.ceil(rnd.max_latency_ms() / 1000.0 / cfg.dt_physics)) + 2
+        max_latency_ms = rnd.max_latency_ms() + cfg.effects.latency_jitter_ms
+        capacity = int(math.ceil(max_latency_ms / 1000.0 / cfg.dt_physics)) + 2
         self.action_delay = DelayLine(n, 2, capacity, dev)
         self.pose_delay = DelayLine(n, 3, capacity, dev)
         self.world = sample_world(rnd, n, cfg.dt_physics, self.generator, dev)
@@ -168,6 +176,8 @@ class RacingEnv:
         heading = wrap_angle(heading)
         self.physics.reset(env_ids, xy[:, 0], xy[:, 1], heading, torch.zeros(m, device=dev))
         self.physics.set_params(self.world.params, env_ids)
+        if self.effects is not None:
+            self.effects.reset(env_ids)
 
         seg0 = (torch.remainder(s0, self.track.length) / self.track.ds).long().clamp(0, self.track.num_points - 1)
         proj = self.track.project(xy, heading, hint=seg0, window=2)
@@ -204,12 +214,18 @@ class RacingEnv:
         action_obs = self.action_space.normalized(steer, speed, cfg.car.max_steering)
         if cfg.randomization.action_noise:
             steer, speed = action_noise(steer, speed, self.world.action_noise, cfg.car.max_steering, self.generator)
+        latency = self.world.action_latency
+        if self.effects is not None:
+            steer, speed = self.effects.command(steer, speed)
+            self.world.battery.copy_(self.effects.battery_gain())
+            latency = self.effects.latency(latency, self.generator)
         speed = speed * self.world.battery
         command = torch.stack([steer, speed], dim=-1)
         for _ in range(cfg.substeps):
             self.action_delay.push(command)
-            delayed = self.action_delay.read(self.world.action_latency)
-            state = self.physics.step(delayed[:, 0], delayed[:, 1])
+            delayed = self.action_delay.read(latency)
+            steer_now = delayed[:, 0] if self.effects is None else self.effects.servo(delayed[:, 0])
+            state = self.physics.step(steer_now, delayed[:, 1])
             if self.camera is not None:  # the camera sees the pose of `camera_latency` substeps ago
                 self.pose_delay.push(torch.stack([state.x, state.y, state.yaw], dim=-1))
 
@@ -307,7 +323,8 @@ class RacingEnv:
         }  # fmt: skip
         if self.camera is not None:
             pose = self.pose_delay.read(self.world.camera_latency)
-            groups["camera"] = self.camera.render(pose[:, 0], pose[:, 1], pose[:, 2], self.visuals)
+            frames = self.camera.render(pose[:, 0], pose[:, 1], pose[:, 2], self.visuals)
+            groups["camera"] = frames if self.sensor is None else self.sensor.apply(frames, self.generator)
         return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
 
     def travel_frame(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -357,6 +374,8 @@ class RacingEnv:
             out[f"{name}.buffer"], out[f"{name}.head"] = line.buffer.clone(), int(line.head)
         for name in ("action_latency", "camera_latency", "action_noise", "battery"):
             out[f"world.{name}"] = getattr(self.world, name).clone()
+        if self.effects is not None:
+            out.update({f"effects.{k}": v for k, v in self.effects.state_dict().items()})
         out["accel"] = getattr(self, "_accel", torch.zeros(self.num_envs, 2, device=self.device)).clone()
         out["generator"] = self.generator.get_state()
         for key, value in self.get_observations().items():
@@ -385,6 +404,9 @@ class RacingEnv:
             line.head = int(state[f"{name}.head"])
         for name in ("action_latency", "camera_latency", "action_noise", "battery"):
             getattr(self.world, name).copy_(state[f"world.{name}"])
+        if self.effects is not None:
+            saved = {k[len("effects.") :]: v for k, v in state.items() if k.startswith("effects.")}
+            self.effects.load_state_dict(saved)
         self._accel = state["accel"].clone()
         self.generator.set_state(state["generator"])
         self.physics.load_state_dict({k[len("physics.") :]: v for k, v in state.items() if k.startswith("physics.")})

@@ -152,6 +152,8 @@ def run_episodes(policy: Policy, env: RacingEnv, cfg: EvalConfig, reset: Callabl
         raise ConfigError(f"evaluation env has {n} envs but the plan has {cfg.num_episodes} episodes")
     starts, dirs = episode_plan(cfg)
     env.generator.manual_seed(cfg.seed)  # every evaluation sees the same worlds, however often it runs
+    if env.effects is not None:
+        env.effects.new_session()
     ids = torch.arange(n, device=env.device)
     direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs], device=env.device)
     obs = env.reset_to(ids, torch.tensor(starts, device=env.device), direction)

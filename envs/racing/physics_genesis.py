@@ -1,16 +1,16 @@
 """Genesis car backend: a URDF car (generated here) with contact wheels on a ground plane, batched over envs.
 
-Rear-wheel velocity drive with an electronic differential, front steering hinges under position control with
-Ackermann geometry (inner and outer angles from the commanded bicycle angle), per-env friction (wheel friction ratio;
-the pair friction is the larger of the two geoms, so the ground's is set below every wheel's), mass and actuator
-gains from the same randomization as the bicycle backend. Same interface as `BicyclePhysics`: `reset`,
+Four-wheel (or rear-wheel) velocity drive with an electronic differential and torque limits, the centre of mass near
+axle height, front steering hinges under position control with Ackermann geometry (inner and outer angles from the
+commanded bicycle angle), per-env friction (wheel friction ratio; the pair friction is the larger of the two geoms,
+so the ground's is set below every wheel's), mass and actuator gains from the same randomization as the bicycle
+backend. Same interface as `BicyclePhysics`: `reset`,
 `set_params`, `step` -> `CarState`, `state_dict` / `load_state_dict`. The first scene build compiles kernels (tens
 of seconds, cached under ~/.cache); later builds in the same or another process take seconds.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from dataclasses import fields
@@ -28,6 +28,9 @@ _GS_STATE: dict[str, object] = {}
 WHEEL_WIDTH = 0.025
 WHEEL_MASS = 0.05
 CHASSIS_SIZE = (0.26, 0.15, 0.05)
+# Battery, board and motor sit on the chassis plate: the centre of mass is about at axle height (~4 cm above the
+# floor), which keeps the car's rollover threshold (half track / CG height ~2 g) above its grip, as on the real car.
+CG_ABOVE_AXLE = 0.008
 GROUND_FRICTION = 0.01  # below every wheel's, so the wheel friction sets the pair friction
 
 
@@ -81,7 +84,7 @@ def car_urdf(spec: CarSpec) -> str:
     drive_limit = '<limit effort="0.6" velocity="200"/>'
     body = f"""
   <link name="chassis">
-    <inertial><origin xyz="0 0 {cz / 2 + 0.01}"/><mass value="{chassis_mass}"/>
+    <inertial><origin xyz="0 0 {CG_ABOVE_AXLE}"/><mass value="{chassis_mass}"/>
       <inertia ixx="{ix}" iyy="{iy}" izz="{iz}" ixy="0" ixz="0" iyz="0"/></inertial>
     <visual><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></visual>
     <collision><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></collision>
@@ -120,10 +123,14 @@ def ackermann(steer: Tensor, spec: CarSpec) -> tuple[Tensor, Tensor]:
     return left, right
 
 
-def differential(speed: Tensor, steer: Tensor, spec: CarSpec) -> tuple[Tensor, Tensor]:
-    """Rear wheel angular speeds (rad/s) for a body speed and bicycle steering angle (electronic differential)."""
-    k = spec.track_width / 2 * torch.tan(steer) / spec.wheelbase
-    return speed * (1 - k) / spec.wheel_radius, speed * (1 + k) / spec.wheel_radius
+def differential(speed: Tensor, steer: Tensor, spec: CarSpec) -> Tensor:
+    """Wheel angular speeds (rad/s) `(N, 4)` = rear left, rear right, front left, front right, for a rear-axle speed
+    and a bicycle steering angle: each wheel rolls at its distance to the kinematic turning centre."""
+    tan = torch.tan(steer)
+    k = spec.track_width / 2 * tan / spec.wheelbase
+    rear_l, rear_r = 1 - k, 1 + k
+    front_l, front_r = torch.sqrt(tan * tan + rear_l * rear_l), torch.sqrt(tan * tan + rear_r * rear_r)
+    return torch.stack([rear_l, rear_r, front_l, front_r], -1) * (speed / spec.wheel_radius)[:, None]
 
 
 def yaw_from_quat(q: Tensor) -> Tensor:
@@ -169,12 +176,21 @@ class GenesisPhysics:
         self.steer_dofs = [j["front_left_steer"], j["front_right_steer"]]
         self.drive_dofs = [j["rear_left_spin"], j["rear_right_spin"]]
         self.free_dofs = [j["front_left_spin"], j["front_right_spin"]]
+        if self.spec.drivetrain == "all":
+            self.drive_dofs, self.free_dofs = self.drive_dofs + self.free_dofs, []
         self.wheel_links = [self.car.get_link(n).idx_local for n in (
             "front_left_wheel", "front_right_wheel", "rear_left_wheel", "rear_right_wheel")]  # fmt: skip
         self.car.set_dofs_kp(torch.full((2,), 20.0), self.steer_dofs)
         self.car.set_dofs_kv(torch.full((2,), 0.5), self.steer_dofs)
-        self.car.set_dofs_kv(torch.full((2,), 0.05), self.drive_dofs)
-        self.car.set_dofs_damping(torch.full((2,), 1e-4), self.free_dofs)
+        self.car.set_dofs_kv(torch.full((len(self.drive_dofs),), 0.05), self.drive_dofs)
+        # Motor torque as the real drivetrain delivers it: enough for the car's acceleration and braking limits
+        # (with a margin), not the unbounded force a stiff velocity servo would apply to a sliding tyre.
+        spec = self.spec
+        torque = 1.25 * spec.mass * max(spec.max_accel, spec.max_brake) * spec.wheel_radius / len(self.drive_dofs)
+        limit = torch.full((len(self.drive_dofs),), torque)
+        self.car.set_dofs_force_range(-limit, limit, self.drive_dofs)
+        if self.free_dofs:
+            self.car.set_dofs_damping(torch.full((len(self.free_dofs),), 1e-4), self.free_dofs)
         self.base_masses = self.car.get_links_mass() if hasattr(self.car, "get_links_mass") else None
         self.params = CarParams.nominal(self.num_envs, self.device)
         self.speed_state = torch.zeros(self.num_envs, device=self.device)  # motor lag state
@@ -208,11 +224,14 @@ class GenesisPhysics:
 
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)
-        self.speed_state = speed_t + (self.speed_state - speed_t) * math.exp(-self.dt / self.spec.motor_time_constant)
+        # The same drivetrain as the bicycle model: first-order lag, acceleration and braking limited.
+        spec = self.spec
+        accel = ((speed_t - self.speed_state) / spec.motor_time_constant).clamp(-spec.max_brake, spec.max_accel)
+        self.speed_state = self.speed_state + accel * self.dt
         left, right = ackermann(steer_t, self.spec)
-        w_left, w_right = differential(self.speed_state, steer_t, self.spec)
+        wheel_speeds = differential(self.speed_state, steer_t, self.spec)[:, : len(self.drive_dofs)]
         self.car.control_dofs_position(torch.stack([left, right], -1), self.steer_dofs)
-        self.car.control_dofs_velocity(torch.stack([w_left, w_right], -1), self.drive_dofs)
+        self.car.control_dofs_velocity(wheel_speeds, self.drive_dofs)
         self.scene.step(update_visualizer=False)
         self._read_state()
         return self.state

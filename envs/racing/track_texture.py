@@ -7,14 +7,16 @@ randomization costs nothing extra here. Row 0 of every grid is the smallest y.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 from scipy.spatial import cKDTree
 from torch import Tensor
 
-from envs.errors import check_range
+from envs.errors import ConfigError, check_range
 from envs.racing.track import Track
 
 
@@ -40,8 +42,37 @@ class SceneConfig:
     """barrier height (m)"""
     room_seed: int = 7
     """seed of the background panorama (objects around the room)"""
+    floor: Literal["grass", "office"] = "grass"
+    """what surrounds the track: a green mat, or an office floor (speckled carpet inside, tiles outside)
+    (genesis camera)"""
+    clutter: int = 24
+    """boxes and people-sized objects beyond the barriers (genesis camera)"""
+    light_azimuth_deg: float = 45.0
+    """direction the directional light comes from (degrees from +x; genesis camera)"""
+    light_elevation_deg: float = 35.0
+    """directional light elevation above the horizon (degrees; genesis camera)"""
+    light_intensity: float = 1.0
+    """directional light intensity (genesis camera)"""
+    ambient: float = 0.45
+    """ambient light level (genesis camera)"""
+    shadow_strength: float = 0.0
+    """barrier shadows baked into the floor, cast by the directional light: luma loss in the shadow (genesis
+    camera; the software rasterizer has no shadow maps)"""
+    glare_patches: int = 0
+    """bright patches of reflected sunlight on the floor (genesis camera)"""
+    glare_strength: float = 0.6
+    """how far a glare patch pushes the floor toward white at its centre (genesis camera)"""
 
     def __post_init__(self) -> None:
+        if self.floor not in ("grass", "office"):
+            raise ConfigError(f"scene.floor={self.floor!r}; use 'grass' or 'office'")
+        check_range("scene.clutter", self.clutter, 0, 1000)
+        check_range("scene.light_elevation_deg", self.light_elevation_deg, 5.0, 90.0)
+        check_range("scene.light_intensity", self.light_intensity, 0.0, 10.0)
+        check_range("scene.ambient", self.ambient, 0.0, 1.0)
+        check_range("scene.shadow_strength", self.shadow_strength, 0.0, 1.0)
+        check_range("scene.glare_patches", self.glare_patches, 0, 200)
+        check_range("scene.glare_strength", self.glare_strength, 0.0, 1.0)
         check_range("scene.texel", self.texel, 0.002, 0.1)
         check_range("scene.margin", self.margin, 0.2, 20.0)
         check_range("scene.border_line_width", self.border_line_width, 0.0, 0.3)
@@ -130,9 +161,51 @@ class TrackScene:
         return np.clip(luma, 0, 255).astype(np.uint8)
 
     def rgb_image(self) -> np.ndarray:
-        """A colored `(H, W, 3)` uint8 texture (dark asphalt, white lines, green ground), row 0 = largest y."""
+        """A colored `(H, W, 3)` uint8 texture, row 0 = largest y: dark asphalt, white lines, green ground; or, with
+        `floor=office`, speckled carpet and tiles; with baked barrier shadows and glare patches when configured."""
+        cfg = self.cfg
         tex = self.texture[0].cpu().numpy()
-        ground, asphalt, line = np.array([70, 125, 60]), np.array([55, 55, 60]), np.array([235, 235, 235])
+        rng = np.random.default_rng(cfg.room_seed + 1)
+        if cfg.floor == "office":
+            speckle = rng.normal(0.0, 12.0, (*tex.shape[-2:], 1))
+            ground = np.array([185, 180, 170]) + 0.5 * speckle  # pale tiles outside the tape
+            asphalt = np.array([95, 92, 100]) + speckle  # carpet
+        else:
+            ground, asphalt = np.array([70, 125, 60]), np.array([55, 55, 60])
+        line = np.array([235, 235, 235])
         rgb = ground + tex[0][..., None] * (asphalt - ground)
         rgb = rgb + tex[1][..., None] * (line - asphalt)
+        if cfg.shadow_strength > 0 and cfg.walls:
+            rgb = rgb * (1.0 - cfg.shadow_strength * self._barrier_shadow())[..., None]
+        for _ in range(cfg.glare_patches):
+            rgb = rgb + self._glare(rng)[..., None] * (255.0 - rgb)
         return np.clip(rgb, 0, 255).astype(np.uint8)[::-1].copy()
+
+    def _barrier_shadow(self) -> np.ndarray:
+        """`(H, W)` mask of floor shaded by the barriers: the wall line swept away from the light over the shadow
+        length wall_height / tan(elevation)."""
+        cfg = self.cfg
+        h, w = self.shape
+        sdf = torch.nn.functional.interpolate(self.wall_sdf, size=(h, w), mode="bilinear")[0, 0].cpu().numpy()
+        wall = (np.abs(sdf) < cfg.texel).astype(np.float32)
+        length = cfg.wall_height / math.tan(math.radians(cfg.light_elevation_deg))
+        az = math.radians(cfg.light_azimuth_deg)
+        shadow = np.zeros_like(wall)
+        steps = max(1, int(length / cfg.texel))
+        for k in range(steps + 1):
+            dx, dy = int(round(-math.cos(az) * k)), int(round(-math.sin(az) * k))
+            shadow = np.maximum(shadow, np.roll(wall, (dy, dx), axis=(0, 1)))
+        return shadow
+
+    def _glare(self, rng: np.random.Generator) -> np.ndarray:
+        """`(H, W)` weight of one soft elliptical patch of sunlight somewhere on the track."""
+        cfg = self.cfg
+        h, w = self.shape
+        centre = self.track.dense_np[rng.integers(len(self.track.dense_np))] + rng.normal(0.0, 0.2, 2)
+        a, b, ang = rng.uniform(0.2, 0.6), rng.uniform(0.08, 0.25), rng.uniform(0, math.pi)
+        gx = self.origin[0] + (np.arange(w) + 0.5) * cfg.texel - centre[0]
+        gy = self.origin[1] + (np.arange(h) + 0.5) * cfg.texel - centre[1]
+        px, py = np.meshgrid(gx, gy)
+        u = (px * math.cos(ang) + py * math.sin(ang)) / a
+        v = (-px * math.sin(ang) + py * math.cos(ang)) / b
+        return cfg.glare_strength * np.exp(-2.0 * (u * u + v * v))

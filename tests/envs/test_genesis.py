@@ -100,3 +100,22 @@ def test_gpu_backend_builds():
 
     env = RacingEnv(replace(CFG, device="cuda"))
     env.step(torch.zeros(4, 1, device="cuda"))
+
+
+def test_reality_proxy_env_builds_renders_and_steps():
+    from envs.racing.env import RacingEnv
+    from envs.racing.evaluation import EvalConfig, evaluation_env_config
+    from envs.racing.reality import RealityConfig, reality_env_config
+
+    base = replace(CFG, physics="bicycle", camera="projective")
+    proxy = reality_env_config(base, RealityConfig(variant="sunlight"))
+    env = RacingEnv(evaluation_env_config(proxy, EvalConfig(start_points=1, max_seconds=3.0)))
+    assert env.cfg.physics == "genesis" and env.cfg.dt_physics == pytest.approx(1 / 120)
+    cam = env.get_observations()["camera"].float()
+    assert cam.shape == (2, 1, 120, 160)
+    corners = torch.cat([cam[..., :6, :6], cam[..., :6, -6:]], -1).mean()
+    assert corners < 0.5 * cam[..., 40:80, 60:100].mean(), "fisheye corners and vignetting are dark"
+    for _ in range(10):
+        obs, rew, dones, _ = env.step(torch.full((2,), 7, dtype=torch.long))
+    assert env.physics.state.speed.min() > 0.3 and env.world.battery.max() < 1.0
+    env.close()

@@ -89,3 +89,31 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s" / "eval.json").read_text())
     assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
+    # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect), in a subprocess.
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
+    assert len(report["checkpoints"]) == 2 and set(report["picks"]) == {"consecutive-good", "last", "best-single"}
+    assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
+    assert 0.0 <= report["agreement"]["agreement"] <= 1.0 and report["agreement"]["steps"] > 0
+    assert (tmp_path / "s" / "transfer" / "transfer_scatter.png").stat().st_size > 5_000
+    # A tiny robust evaluation in the sim and the proxy.
+    student = sorted((tmp_path / "s" / "checkpoints").glob("*.pt"))[-1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint", str(student), "--world", "both",
+         "--action-noise", "0.1", "--reality.physics", "bicycle", "--reality.camera", "projective",
+         "--reality.substeps", "4", "--no-estimation", "--out-dir", str(tmp_path / "e")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert set(result["worlds"]) == {"sim", "proxy", "gap"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint", str(student), "--world", "proxy",
+         "--reality.friction", "9"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "reality.friction" in proc.stderr and "Traceback" not in proc.stderr

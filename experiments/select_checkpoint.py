@@ -1,0 +1,200 @@
+"""Checkpoint selection that predicts reality, and the transfer report of a run.
+
+Every saved checkpoint of a run is scored three ways: robust evaluation in the training sim (action noise, 8 starting
+points, both directions, randomized worlds), the console-style fixed lap (one nominal lap from the start line), and
+the held-out reality proxy (20 laps). Selection rules see only the sim scores: **consecutive-good** (the middle of
+the longest run of checkpoints within a margin of the best robust score), **last**, and **best-single**; the report
+then says how each rule's pick does in the proxy, how well each sim score ranks the checkpoints by their proxy score
+(Spearman), and splits the pick's gap into its perception and dynamics parts.
+
+    python -m experiments.select_checkpoint default --run-dir runs/student
+    python -m experiments.select_checkpoint default --run-dir runs/student --reality.variant sunlight
+    python -m experiments.select_checkpoint smoke --run-dir runs/demo/student
+
+Writes transfer.json, transfer.md, transfer_scatter.png and transfer_by_checkpoint.png to --out-dir (default: the
+run's `transfer/` folder), and the same to W&B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+
+from envs.config_io import write_text_atomic
+from envs.errors import ConfigError, check_range
+from envs.racing.evaluation import EvalConfig
+from envs.racing.reality import RealityConfig, flatten, reality_env_config
+from experiments.cli import run
+from experiments.evaluate import load_policy
+from experiments.transfer import (
+    FIXED_LAP_EVAL,
+    PROXY_EVAL,
+    ROBUST_EVAL,
+    Evaluator,
+    action_agreement,
+    decompose_gap,
+    fixed_lap_env_config,
+    pick_best,
+    pick_consecutive_good,
+    pick_last,
+    robust_env_config,
+    spearman,
+)
+from experiments.transfer_report import write_report
+from experiments.wandb_logger import RunLogger, WandbConfig
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """Score a run's checkpoints in sim and in the reality proxy, pick one, and report the transfer."""
+
+    run_dir: str = ""
+    """run folder with a checkpoints/ subfolder (teacher or student run)"""
+    checkpoints: tuple[str, ...] = ()
+    """explicit checkpoint files instead of --run-dir"""
+    every: int = 1
+    """score every n-th checkpoint (the last one is always scored)"""
+    action_noise: float = 0.1
+    """robust evaluation: action noise up to this fraction (DeepRacer's 10%)"""
+    robust: EvalConfig = ROBUST_EVAL
+    """robust-evaluation episodes"""
+    fixed_lap: EvalConfig = FIXED_LAP_EVAL
+    """fixed-lap (console-style) episodes"""
+    proxy: EvalConfig = PROXY_EVAL
+    """reality-proxy episodes (20 laps by default)"""
+    reality: RealityConfig = field(default_factory=RealityConfig)
+    """the reality proxy"""
+    good_margin: float = 0.05
+    """consecutive-good rule: a checkpoint is good within this score margin of the best"""
+    min_run: int = 2
+    """consecutive-good rule: shortest run that counts"""
+    decompose: bool = True
+    """split the consecutive-good pick's gap into perception and dynamics parts, with action agreement"""
+    out_dir: str = ""
+    """where the report goes (empty: <run-dir>/transfer)"""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def __post_init__(self) -> None:
+        check_range("every", self.every, 1, 10_000)
+        check_range("action_noise", self.action_noise, 0.0, 0.5)
+        check_range("good_margin", self.good_margin, 0.0, 1.0)
+        check_range("min_run", self.min_run, 1, 1000)
+
+
+def find_checkpoints(cfg: SelectConfig) -> list[Path]:
+    if cfg.checkpoints:
+        paths = [Path(p) for p in cfg.checkpoints]
+    elif cfg.run_dir:
+        paths = sorted((Path(cfg.run_dir) / "checkpoints").glob("*.pt"))
+    else:
+        raise ConfigError("give --run-dir or --checkpoints")
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ConfigError(f"checkpoint files not found: {missing[:3]}")
+    if not paths:
+        raise ConfigError(f"no checkpoints in {Path(cfg.run_dir) / 'checkpoints'}")
+    chosen = paths[:: cfg.every]
+    if chosen[-1] != paths[-1]:
+        chosen.append(paths[-1])
+    return chosen
+
+
+def main(cfg: SelectConfig) -> dict:
+    console = Console()
+    paths = find_checkpoints(cfg)
+    out = Path(cfg.out_dir or Path(cfg.run_dir or paths[0].parent.parent) / "transfer")
+    first = load_policy(str(paths[0]))
+    env_cfg = first.env_cfg
+    t0 = time.time()
+    evaluators = {
+        "robust": Evaluator(robust_env_config(env_cfg, cfg.action_noise), cfg.robust),
+        "fixed_lap": Evaluator(fixed_lap_env_config(env_cfg), cfg.fixed_lap),
+        "proxy": Evaluator(reality_env_config(env_cfg, cfg.reality), cfg.proxy),
+    }
+    rows = []
+    try:
+        for i, path in enumerate(paths):
+            policy = load_policy(str(path))
+            row: dict = {"checkpoint": str(path), "name": path.stem}
+            for name, evaluator in evaluators.items():
+                t = time.time()
+                metrics, _ = evaluator(policy)
+                row[name] = metrics
+                row[f"{name}_seconds"] = time.time() - t
+            rows.append(row)
+            console.print(
+                f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
+                f"{row['fixed_lap']['score']:.3f}, proxy {row['proxy']['score']:.3f} "
+                f"(laps {row['proxy']['lap_completion']:.0%}, {row['proxy_seconds']:.0f} s)"
+            )
+    finally:
+        for evaluator in evaluators.values():
+            evaluator.close()
+    robust = [r["robust"]["score"] for r in rows]
+    fixed = [r["fixed_lap"]["score"] for r in rows]
+    proxy = [r["proxy"]["score"] for r in rows]
+    best_proxy = max(proxy)
+    picks = {}
+    for pick in (pick_consecutive_good(robust, cfg.good_margin, cfg.min_run), pick_last(robust), pick_best(robust)):
+        picks[pick.rule] = {
+            "index": pick.index, "checkpoint": rows[pick.index]["name"], "detail": pick.detail,
+            "robust_score": robust[pick.index], "proxy_score": proxy[pick.index],
+            "proxy_lap_completion": rows[pick.index]["proxy"]["lap_completion"],
+            "proxy_vs_best": proxy[pick.index] / best_proxy if best_proxy > 0 else math.nan,
+        }  # fmt: skip
+    result: dict = {
+        "run": cfg.run_dir, "checkpoints": rows, "picks": picks,
+        "spearman_robust_vs_proxy": spearman(robust, proxy), "spearman_fixed_lap_vs_proxy": spearman(fixed, proxy),
+        "best_proxy": {"index": int(proxy.index(best_proxy)), "score": best_proxy},
+        "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
+        "scoring_seconds": time.time() - t0,
+    }  # fmt: skip
+    if cfg.decompose:
+        chosen = rows[picks["consecutive-good"]["index"]]["checkpoint"]
+        result["gap"] = {"checkpoint": chosen, **decompose_gap(load_policy, chosen, cfg.reality, cfg.proxy)}
+        if hasattr(first, "model"):
+            result["agreement"] = action_agreement(load_policy, chosen, cfg.reality, cfg.proxy)
+    write_text_atomic(out / "transfer.json", json.dumps(result, indent=2, default=float))
+    files = write_report(result, out)
+    logger = RunLogger(replace(cfg.wandb, tags=(*cfg.wandb.tags, "transfer")), out, f"transfer-{out.parent.name}", cfg)
+    logger.log(
+        {"transfer/spearman_robust_vs_proxy": result["spearman_robust_vs_proxy"],
+         "transfer/spearman_fixed_lap_vs_proxy": result["spearman_fixed_lap_vs_proxy"],
+         **{f"transfer/{rule}/proxy_score": p["proxy_score"] for rule, p in picks.items()}}, step=0,
+    )  # fmt: skip
+    logger.table(
+        "transfer/checkpoints", ["checkpoint", "robust", "fixed_lap", "proxy", "proxy_laps"],
+        [[r["name"], r["robust"]["score"], r["fixed_lap"]["score"], r["proxy"]["score"],
+          r["proxy"]["lap_completion"]] for r in rows], step=0,
+    )  # fmt: skip
+    for path in files:
+        if path.suffix == ".png":
+            logger.image(f"transfer/{path.stem}", path, step=0)
+    logger.finish()
+    console.print((out / "transfer.md").read_text())
+    console.print(f"transfer report in [bold]{out.resolve()}[/] (transfer.md, transfer.json, *.png)")
+    return result
+
+
+SMOKE_EVAL = EvalConfig(start_points=1, max_seconds=4.0, record_trajectories=False)
+PRESETS = {
+    "default": ("every checkpoint: robust sim, fixed lap and 20 proxy laps", SelectConfig()),
+    "smoke": (
+        "tiny: 2 short episodes per score, bicycle/projective proxy with every unmodeled effect on",
+        SelectConfig(
+            robust=SMOKE_EVAL,
+            fixed_lap=replace(SMOKE_EVAL, directions=("forward",)),
+            proxy=SMOKE_EVAL,
+            reality=RealityConfig(physics="bicycle", camera="projective", substeps=4),
+            wandb=WandbConfig(mode="disabled"),
+        ),
+    ),
+}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)

@@ -1,0 +1,198 @@
+"""Transfer evaluation shared by `evaluate`, `select_checkpoint` and the demo: robust / fixed-lap / proxy scoring,
+checkpoint-selection rules, rank correlation, and the perception / dynamics split of the sim-to-real gap.
+
+A checkpoint's **score** on a set of episodes is its mean progress, one lap capped at 1.0: it equals the lap
+completion rate when runs either finish or fail early, and still ranks two policies that both fail by how far they
+get. Lap times are reported next to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from envs.racing.config import EnvConfig
+from envs.racing.env import RacingEnv
+from envs.racing.evaluation import EvalConfig, evaluate, evaluation_env_config
+from envs.racing.randomization import RandomizationConfig
+from envs.racing.reality import RealityConfig, reality_env_config
+
+NOMINAL = RandomizationConfig(
+    friction=False, mass=False, motor_gain=False, steering_gain=False, steering_offset=False, action_latency=False,
+    camera_latency=False, action_noise=False, visual=False, random_start=False,
+)  # fmt: skip
+
+ROBUST_EVAL = EvalConfig(start_points=8, laps=1, max_seconds=40.0, seed=2024)
+"""robust evaluation: 8 starting points x both directions, each with its own randomization draw"""
+FIXED_LAP_EVAL = EvalConfig(start_points=1, directions=("forward",), laps=1, max_seconds=40.0, seed=2024)
+"""the console-style evaluation: one lap from the start line, forward, nominal world"""
+PROXY_EVAL = EvalConfig(start_points=10, laps=1, max_seconds=40.0, seed=7)
+"""reality-proxy evaluation: 10 starting points x both directions = 20 laps"""
+
+
+def robust_env_config(env_cfg: EnvConfig, action_noise: float = 0.1) -> EnvConfig:
+    """The training world (its randomization) with action noise up to `action_noise`, eager kernels."""
+    rnd = replace(env_cfg.randomization, action_noise=action_noise > 0, action_noise_max=action_noise)
+    return replace(env_cfg, randomization=rnd, compile=False)
+
+
+def fixed_lap_env_config(env_cfg: EnvConfig) -> EnvConfig:
+    """The training sim with every randomization off."""
+    return replace(env_cfg, randomization=replace(NOMINAL, direction="forward"), compile=False)
+
+
+def score(metrics: dict[str, float]) -> float:
+    return float(metrics["progress"])
+
+
+class Evaluator:
+    """One evaluation env, built once and reused for every policy (Genesis scenes are slow to build)."""
+
+    def __init__(self, env_cfg: EnvConfig, eval_cfg: EvalConfig) -> None:
+        self.eval_cfg = eval_cfg
+        self.env = RacingEnv(evaluation_env_config(env_cfg, eval_cfg))
+
+    def __call__(self, policy) -> tuple[dict[str, float], list]:
+        policy.check_env(self.env)
+        metrics, records, _ = evaluate(
+            policy.act, self.env.cfg, self.eval_cfg, reset=getattr(policy, "reset", None), env=self.env
+        )
+        metrics["score"] = score(metrics)
+        metrics["optimal_lap_time"] = self.env.optimal_lap_time
+        return metrics, records
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def rank(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties sharing their average rank."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="mergesort")
+    ranks = np.empty(len(values))
+    sorted_vals = values[order]
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and sorted_vals[j + 1] == sorted_vals[i]:
+            j += 1
+        ranks[order[i : j + 1]] = 0.5 * (i + j) + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(x, y) -> float:
+    """Spearman rank correlation (Pearson correlation of average ranks); nan when either side is constant."""
+    rx, ry = rank(np.asarray(x)), rank(np.asarray(y))
+    if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+# ----------------------------------------------------------------------------------------- selection rules
+@dataclass(frozen=True)
+class Pick:
+    rule: str
+    index: int
+    detail: str
+
+
+def pick_consecutive_good(scores: list[float], margin: float = 0.05, min_run: int = 2) -> Pick:
+    """DeepRacer's signal: a checkpoint is good when its score is within `margin` of the best; take the longest run
+    of consecutive good checkpoints (the later one on a tie) and pick its middle. With no run of `min_run`, the best
+    single checkpoint."""
+    best = max(scores)
+    good = [s >= best - margin for s in scores]
+    runs, start = [], None
+    for i, g in enumerate([*good, False]):
+        if g and start is None:
+            start = i
+        elif not g and start is not None:
+            runs.append((start, i - 1))
+            start = None
+    lo, hi = max(runs, key=lambda r: (r[1] - r[0], r[0]))
+    if hi - lo + 1 < min_run:
+        return Pick("consecutive-good", int(np.argmax(scores)), f"no run of {min_run} good checkpoints: best single")
+    return Pick("consecutive-good", (lo + hi + 1) // 2, f"middle of the run {lo}..{hi} within {margin} of the best")
+
+
+def pick_last(scores: list[float]) -> Pick:
+    return Pick("last", len(scores) - 1, "the final checkpoint")
+
+
+def pick_best(scores: list[float]) -> Pick:
+    best = max(scores)
+    index = max(i for i, s in enumerate(scores) if s == best)  # the latest of equal bests
+    return Pick("best-single", index, "highest robust score")
+
+
+# ------------------------------------------------------------------------------------------ gap decomposition
+def decompose_gap(
+    load, path: str, reality: RealityConfig, eval_cfg: EvalConfig = PROXY_EVAL
+) -> dict[str, dict[str, float]]:
+    """Score one policy in the training sim at nominal values (`none`), with the proxy's dynamics only, with its
+    perception only, and in the full proxy; the differences split the total gap into its two parts."""
+    out: dict[str, dict[str, float]] = {}
+    for part in ("none", "dynamics", "perception", "all"):
+        policy = load(path)
+        evaluator = Evaluator(reality_env_config(policy.env_cfg, reality, part=part), eval_cfg)
+        try:
+            out[part], _ = evaluator(policy)
+        finally:
+            evaluator.close()
+    base = out["none"]["score"]
+    out["gap"] = {
+        "total": base - out["all"]["score"],
+        "dynamics": base - out["dynamics"]["score"],
+        "perception": base - out["perception"]["score"],
+    }
+    return out
+
+
+@torch.no_grad()
+def action_agreement(load, path: str, reality: RealityConfig, eval_cfg: EvalConfig = PROXY_EVAL) -> dict:
+    """Drive the proxy with the student; at every step a twin of the student (its own recurrent state) sees the
+    training camera rendered at the very same camera pose. Returns how often the two choose the same action."""
+    from envs.racing.camera import make_camera
+    from envs.racing.evaluation import episode_plan
+    from envs.racing.randomization import sample_visuals
+    from envs.racing.track_texture import TrackScene
+
+    driver, twin = load(path), load(path)
+    train_cfg = driver.env_cfg
+    env = RacingEnv(evaluation_env_config(reality_env_config(train_cfg, reality, part="all"), eval_cfg))
+    try:
+        driver.check_env(env)
+        camera = make_camera("projective", TrackScene(env.track, train_cfg.scene), train_cfg.optics, env.device)
+        visuals = sample_visuals(NOMINAL, env.num_envs, env.generator, env.device)
+        starts, dirs = episode_plan(eval_cfg)
+        env.generator.manual_seed(eval_cfg.seed)
+        ids = torch.arange(env.num_envs)
+        direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs])
+        obs = env.reset_to(ids, torch.tensor(starts), direction)
+        everyone = torch.ones(env.num_envs, dtype=torch.bool)
+        driver.reset(everyone)
+        twin.reset(everyone)
+        alive = torch.ones(env.num_envs, dtype=torch.bool)
+        same, total = 0, 0
+        for _ in range(env.max_episode_length):
+            pose = env.pose_delay.read(env.world.camera_latency)
+            twin_obs = obs.clone()
+            twin_obs["camera"] = camera.render(pose[:, 0], pose[:, 1], pose[:, 2], visuals)
+            action, twin_action = driver.act(obs), twin.act(twin_obs)
+            if action.dtype == torch.long:
+                match = action == twin_action
+            else:  # continuous: within 5% of the normalized range on every axis
+                match = (action - twin_action).abs().amax(-1) < 0.05
+            same += int(match[alive].sum())
+            total += int(alive.sum())
+            obs, _, dones, _ = env.step(action)
+            alive &= ~dones
+            if not bool(alive.any()):
+                break
+    finally:
+        env.close()
+    return {"agreement": same / max(total, 1), "steps": total}

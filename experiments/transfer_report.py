@@ -1,0 +1,116 @@
+"""The transfer report of a run: per-checkpoint table, rule picks, rank correlations, gap split; Markdown and PNGs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from envs.config_io import write_text_atomic
+
+
+def _fmt(x: float, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.0%}" if pct else f"{x:.3f}"
+
+
+def write_report(result: dict, out: Path) -> list[Path]:
+    """transfer.md, transfer_scatter.png and transfer_by_checkpoint.png in `out`; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = result["checkpoints"]
+    names = [r["name"] for r in rows]
+    robust = [r["robust"]["score"] for r in rows]
+    fixed = [r["fixed_lap"]["score"] for r in rows]
+    proxy = [r["proxy"]["score"] for r in rows]
+    picks = result["picks"]
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, xs, label, rho in (
+        (axes[0], robust, "robust sim score", result["spearman_robust_vs_proxy"]),
+        (axes[1], fixed, "fixed-lap sim score", result["spearman_fixed_lap_vs_proxy"]),
+    ):
+        ax.scatter(xs, proxy, c=range(len(xs)), cmap="viridis")
+        for rule, p in picks.items():
+            ax.annotate(rule, (xs[p["index"]], proxy[p["index"]]), fontsize=7, xytext=(4, 4),
+                        textcoords="offset points")  # fmt: skip
+        ax.set_xlabel(label)
+        ax.set_ylabel("reality-proxy score")
+        ax.set_title(f"Spearman {_fmt(rho)}")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    scatter = out / "transfer_scatter.png"
+    fig.savefig(scatter, dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(11, 4))
+    for ys, label in ((robust, "robust sim"), (fixed, "fixed-lap sim"), (proxy, "reality proxy")):
+        ax.plot(range(len(ys)), ys, marker="o", label=label)
+    for rule, p in picks.items():
+        ax.axvline(p["index"], ls=":", color="gray")
+        ax.text(p["index"], 0.02, rule, rotation=90, fontsize=7, va="bottom")
+    ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("score (mean progress, one lap = 1)")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    by_ckpt = out / "transfer_by_checkpoint.png"
+    fig.savefig(by_ckpt, dpi=110)
+    plt.close(fig)
+
+    lines = [
+        f"# Transfer report: {result.get('run') or 'checkpoints'}",
+        "",
+        f"Reality proxy: variant `{result['reality']['variant']}`, physics `{result['reality']['physics']}` "
+        f"(substeps {result['reality']['substeps']}), camera `{result['reality']['camera']}` "
+        f"(lens `{result['reality']['lens']}`).",
+        "",
+        f"- Spearman, robust sim score vs proxy score: **{_fmt(result['spearman_robust_vs_proxy'])}**",
+        f"- Spearman, fixed-lap sim score vs proxy score: **{_fmt(result['spearman_fixed_lap_vs_proxy'])}**",
+        f"- best checkpoint in the proxy: {names[result['best_proxy']['index']]} "
+        f"(score {_fmt(result['best_proxy']['score'])})",
+        "",
+        "| rule | pick | robust score | proxy score | proxy laps | vs best in proxy |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rule, p in picks.items():
+        lines.append(
+            f"| {rule} | {p['checkpoint']} | {_fmt(p['robust_score'])} | {_fmt(p['proxy_score'])} | "
+            f"{_fmt(p['proxy_lap_completion'], True)} | {_fmt(p['proxy_vs_best'], True)} |"
+        )
+    lines += ["", "| checkpoint | robust | fixed lap | proxy | proxy laps (fwd / rev) | proxy lap / optimal |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        p = r["proxy"]
+        lines.append(
+            f"| {r['name']} | {_fmt(r['robust']['score'])} | {_fmt(r['fixed_lap']['score'])} | {_fmt(p['score'])} | "
+            f"{_fmt(p['forward/lap_completion'], True)} / {_fmt(p['reverse/lap_completion'], True)} | "
+            f"{_fmt(p['lap_time_ratio'])} |"
+        )
+    if "gap" in result:
+        g = result["gap"]
+        lines += [
+            "",
+            f"## Gap split for {Path(g['checkpoint']).stem}",
+            "",
+            "| world | score | laps | lap / optimal |",
+            "|---|---|---|---|",
+        ]
+        for part, label in (("none", "training sim, nominal"), ("dynamics", "proxy dynamics + training camera"),
+                            ("perception", "training dynamics + proxy camera"), ("all", "reality proxy")):  # fmt: skip
+            m = g[part]
+            lines.append(f"| {label} | {_fmt(m['score'])} | {_fmt(m['lap_completion'], True)} | "
+                         f"{_fmt(m['lap_time_ratio'])} |")  # fmt: skip
+        gap = g["gap"]
+        lines += ["", f"Total gap {_fmt(gap['total'])}: dynamics part {_fmt(gap['dynamics'])}, perception part "
+                      f"{_fmt(gap['perception'])} (score points)."]  # fmt: skip
+    if "agreement" in result:
+        a = result["agreement"]
+        lines += ["", f"Action agreement at identical poses, training camera vs proxy camera: "
+                      f"**{_fmt(a['agreement'], True)}** over {a['steps']} steps."]  # fmt: skip
+    lines += ["", "![scores](transfer_scatter.png)", "", "![by checkpoint](transfer_by_checkpoint.png)", ""]
+    md = out / "transfer.md"
+    write_text_atomic(md, "\n".join(lines))
+    return [md, scatter, by_ckpt]
