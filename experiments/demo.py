@@ -1,7 +1,9 @@
-"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~12 minutes).
+"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~20 minutes).
 
 teacher (PPO on ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX,
-OpenVINO, DeepRacer metadata) -> the exported student driving the sim in the 15 Hz deployment loop.
+OpenVINO, DeepRacer metadata) -> the exported student driving the sim in the 15 Hz deployment loop -> the transfer
+report of the student run: every checkpoint scored in the sim and in the held-out reality proxy (Genesis car and
+rendered scene), the checkpoint-selection rules, and the sim-to-real gap split into perception and dynamics.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from rich.console import Console
 from envs.config_io import write_text_atomic
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
-from experiments import distill_student, export_student, run_car, train_teacher
+from experiments import distill_student, export_student, run_car, select_checkpoint, train_teacher
 from experiments.cli import run
 from experiments.wandb_logger import WandbConfig
 from student.dagger import DaggerConfig
@@ -46,6 +48,12 @@ class DemoConfig:
     """student distillation (the teacher and run directory are set by the demo)"""
     drive_steps: int = 300
     """steps of the exported student in the deployment loop"""
+    transfer: select_checkpoint.SelectConfig = field(
+        default_factory=lambda: select_checkpoint.SelectConfig(
+            proxy=EvalConfig(start_points=5, laps=1, max_seconds=30.0, seed=7)
+        )
+    )
+    """the transfer report of the student run (10 proxy laps per checkpoint; the run directory is set by the demo)"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """W&B for every stage"""
 
@@ -53,48 +61,55 @@ class DemoConfig:
 def main(cfg: DemoConfig) -> dict:
     console = Console()
     out = Path(cfg.out_dir)
-    console.rule("1/4 teacher: PPO on ground-truth state")
+    console.rule("1/5 teacher: PPO on ground-truth state")
     t_cfg = replace(cfg.teacher, run_dir=str(out / "teacher"), wandb=cfg.wandb)
     teacher_summary = train_teacher.main(t_cfg)
     teacher_ckpt = train_teacher.latest_checkpoint(out / "teacher")
 
-    console.rule("2/4 student: DAgger from the camera")
+    console.rule("2/5 student: DAgger from the camera")
     s_cfg = replace(cfg.student, teacher=str(teacher_ckpt), run_dir=str(out / "student"), wandb=cfg.wandb)
     student_summary = distill_student.main(s_cfg)
     student_ckpt = distill_student.latest_round(out / "student")
 
-    console.rule("3/4 export")
+    console.rule("3/5 export")
     export_summary = export_student.main(
         export_student.ExportConfig(checkpoint=str(student_ckpt), out_dir=str(out / "export"), parity_steps=100)
     )
 
-    console.rule("4/4 the exported student in the 15 Hz deployment loop (sim)")
+    console.rule("4/5 the exported student in the 15 Hz deployment loop (sim)")
     drive = run_car.main(
         run_car.RunCarConfig(
             export=str(out / "export"), log_out=str(out / "real_log_sim.h5"),
             loop=LoopConfig(max_steps=cfg.drive_steps), sim=EnvConfig(num_envs=1, camera="projective"),
         )
     )  # fmt: skip
+
+    console.rule("5/5 transfer report: sim vs the held-out reality proxy")
+    transfer = select_checkpoint.main(
+        replace(cfg.transfer, run_dir=str(out / "student"), out_dir=str(out / "transfer"), wandb=cfg.wandb)
+    )
     summary = {
         "teacher": {"checkpoint": str(teacher_ckpt), **{k: v for k, v in teacher_summary.items() if k != "train_eval"}},
         "student": {"checkpoint": str(student_ckpt), **student_summary},
         "export": export_summary,
         "deployment_loop": drive,
+        "transfer": {k: transfer[k] for k in ("picks", "spearman_robust_vs_proxy", "spearman_fixed_lap_vs_proxy")},
     }
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
     console.rule("results")
     console.print(f"everything is in [bold]{out.resolve()}[/]:")
-    for name in ("teacher/", "student/", "export/", "real_log_sim.h5", "summary.json"):
+    for name in ("teacher/", "student/", "export/", "real_log_sim.h5", "transfer/transfer.md", "summary.json"):
         console.print(f"  {out.resolve() / name}")
     return summary
 
 
 PRESETS = {
-    "default": ("teacher ~3 min, 5 DAgger rounds, export, deployment loop", DemoConfig()),
+    "default": ("teacher ~3 min, 5 DAgger rounds, export, deployment loop, transfer report", DemoConfig()),
     "smoke": ("every stage in seconds (checks the wiring)", DemoConfig(
         teacher=replace(train_teacher.PRESETS["smoke"][1]),
         student=distill_student.PRESETS["smoke"][1],
         drive_steps=10,
+        transfer=select_checkpoint.PRESETS["smoke"][1],
         wandb=WandbConfig(mode="disabled"),
     )),
 }  # fmt: skip

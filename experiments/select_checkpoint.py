@@ -108,6 +108,7 @@ def main(cfg: SelectConfig) -> dict:
     console = Console()
     paths = find_checkpoints(cfg)
     out = Path(cfg.out_dir or Path(cfg.run_dir or paths[0].parent.parent) / "transfer")
+    out.mkdir(parents=True, exist_ok=True)
     first = load_policy(str(paths[0]))
     env_cfg = first.env_cfg
     t0 = time.time()
@@ -132,9 +133,10 @@ def main(cfg: SelectConfig) -> dict:
                 f"{row['fixed_lap']['score']:.3f}, proxy {row['proxy']['score']:.3f} "
                 f"(laps {row['proxy']['lap_completion']:.0%}, {row['proxy_seconds']:.0f} s)"
             )
-    finally:
+    except BaseException:
         for evaluator in evaluators.values():
             evaluator.close()
+        raise
     robust = [r["robust"]["score"] for r in rows]
     fixed = [r["fixed_lap"]["score"] for r in rows]
     proxy = [r["proxy"]["score"] for r in rows]
@@ -154,11 +156,25 @@ def main(cfg: SelectConfig) -> dict:
         "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
         "scoring_seconds": time.time() - t0,
     }  # fmt: skip
-    if cfg.decompose:
-        chosen = rows[picks["consecutive-good"]["index"]]["checkpoint"]
-        result["gap"] = {"checkpoint": chosen, **decompose_gap(load_policy, chosen, cfg.reality, cfg.proxy)}
-        if hasattr(first, "model"):
-            result["agreement"] = action_agreement(load_policy, chosen, cfg.reality, cfg.proxy)
+    try:
+        if cfg.decompose:
+            row = rows[picks["consecutive-good"]["index"]]
+            chosen = row["checkpoint"]
+            parts = decompose_gap(load_policy, chosen, cfg.reality, cfg.proxy, known={"all": row["proxy"]})
+            result["gap"] = {"checkpoint": chosen, **parts}
+            if hasattr(first, "model"):
+                proxy_env = evaluators["proxy"].env
+                result["agreement"] = action_agreement(
+                    load_policy,
+                    chosen,
+                    cfg.reality,
+                    cfg.proxy,
+                    env=proxy_env,
+                    frames_out=str(out / "transfer_frames.png"),
+                )
+    finally:
+        for evaluator in evaluators.values():
+            evaluator.close()
     write_text_atomic(out / "transfer.json", json.dumps(result, indent=2, default=float))
     files = write_report(result, out)
     logger = RunLogger(replace(cfg.wandb, tags=(*cfg.wandb.tags, "transfer")), out, f"transfer-{out.parent.name}", cfg)

@@ -21,8 +21,12 @@ from rich.table import Table
 
 from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError
+from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
+from envs.racing.effects import EffectsConfig
 from envs.racing.evaluation import EvalConfig, evaluate
+from envs.racing.randomization import RandomizationConfig
+from envs.racing.sensor import SensorConfig
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
 from experiments.wandb_logger import RunLogger, WandbConfig
@@ -121,6 +125,20 @@ def main(cfg: TrainTeacherConfig) -> dict:
     return summary
 
 
+TRANSFER_ENV = EnvConfig(
+    num_envs=512, compile=True,
+    optics=CameraConfig(lens="fisheye"),  # the car's lens, as calibrated (the teacher passes it on to its student)
+    sensor=SensorConfig(vignetting=0.2, read_noise=3.0),
+    randomization=RandomizationConfig(
+        friction_range=(0.6, 1.2), action_latency_ms=(0.0, 120.0), camera_latency_ms=(0.0, 80.0)
+    ),
+    effects=EffectsConfig(
+        randomize=True, battery_floor=0.8, servo_rate_dps=300.0, steering_deadband_deg=1.5, throttle_exponent=1.35,
+        latency_jitter_ms=30.0, steering_offset_deg=1.5,
+    ),
+)  # fmt: skip
+"""a training world for transfer: wider than the default randomization, with the unmodeled effects drawn per env"""
+
 PRESETS = {
     "default": ("bicycle physics, full randomization, 5-minute budget", TrainTeacherConfig(
         trainer=TrainerConfig(iterations=400, max_minutes=5.0, eval_every=10, save_every=10),
@@ -130,6 +148,11 @@ PRESETS = {
         env=EnvConfig(num_envs=512, compile=True, action_space="fast-throttle"),
         trainer=TrainerConfig(iterations=400, max_minutes=5.0, eval_every=10, save_every=10),
         generalization_tracks=("oval", "technical"),
+    )),
+    "transfer": ("as default, trained for the real car: the calibrated fisheye lens and sensor, wider friction and "
+                 "latency ranges, the unmodeled actuation effects randomized", TrainTeacherConfig(
+        env=TRANSFER_ENV,
+        trainer=TrainerConfig(iterations=400, max_minutes=5.0, eval_every=10, save_every=10),
     )),
     "smoke": ("a few iterations at 32 envs, no compile (checks the pipeline)", TrainTeacherConfig(
         env=EnvConfig(num_envs=32, compile=False),

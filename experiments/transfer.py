@@ -131,12 +131,15 @@ def pick_best(scores: list[float]) -> Pick:
 
 # ------------------------------------------------------------------------------------------ gap decomposition
 def decompose_gap(
-    load, path: str, reality: RealityConfig, eval_cfg: EvalConfig = PROXY_EVAL
+    load, path: str, reality: RealityConfig, eval_cfg: EvalConfig = PROXY_EVAL, known: dict | None = None
 ) -> dict[str, dict[str, float]]:
     """Score one policy in the training sim at nominal values (`none`), with the proxy's dynamics only, with its
-    perception only, and in the full proxy; the differences split the total gap into its two parts."""
-    out: dict[str, dict[str, float]] = {}
+    perception only, and in the full proxy; the differences split the total gap into its two parts. `known` holds
+    parts already scored with the same episodes (e.g. the full proxy), which are not run again."""
+    out: dict[str, dict[str, float]] = dict(known or {})
     for part in ("none", "dynamics", "perception", "all"):
+        if part in out:
+            continue
         policy = load(path)
         evaluator = Evaluator(reality_env_config(policy.env_cfg, reality, part=part), eval_cfg)
         try:
@@ -153,9 +156,18 @@ def decompose_gap(
 
 
 @torch.no_grad()
-def action_agreement(load, path: str, reality: RealityConfig, eval_cfg: EvalConfig = PROXY_EVAL) -> dict:
+def action_agreement(
+    load,
+    path: str,
+    reality: RealityConfig,
+    eval_cfg: EvalConfig = PROXY_EVAL,
+    env: RacingEnv | None = None,
+    frames_out: str | None = None,
+) -> dict:
     """Drive the proxy with the student; at every step a twin of the student (its own recurrent state) sees the
-    training camera rendered at the very same camera pose. Returns how often the two choose the same action."""
+    training camera rendered at the very same camera pose. Returns how often the two choose the same action.
+    `env` is a proxy env built for `eval_cfg` to reuse (it is left open); `frames_out` saves a strip of both cameras'
+    frames of the first episode (training camera above, proxy below)."""
     from envs.racing.camera import make_camera
     from envs.racing.evaluation import episode_plan
     from envs.racing.randomization import sample_visuals
@@ -163,7 +175,9 @@ def action_agreement(load, path: str, reality: RealityConfig, eval_cfg: EvalConf
 
     driver, twin = load(path), load(path)
     train_cfg = driver.env_cfg
-    env = RacingEnv(evaluation_env_config(reality_env_config(train_cfg, reality, part="all"), eval_cfg))
+    own = env is None
+    if own:
+        env = RacingEnv(evaluation_env_config(reality_env_config(train_cfg, reality, part="all"), eval_cfg))
     try:
         driver.check_env(env)
         camera = make_camera("projective", TrackScene(env.track, train_cfg.scene), train_cfg.optics, env.device)
@@ -178,11 +192,14 @@ def action_agreement(load, path: str, reality: RealityConfig, eval_cfg: EvalConf
         twin.reset(everyone)
         alive = torch.ones(env.num_envs, dtype=torch.bool)
         same, total = 0, 0
-        for _ in range(env.max_episode_length):
+        strip: list = []
+        for t in range(env.max_episode_length):
             pose = env.pose_delay.read(env.world.camera_latency)
             twin_obs = obs.clone()
             twin_obs["camera"] = camera.render(pose[:, 0], pose[:, 1], pose[:, 2], visuals)
             action, twin_action = driver.act(obs), twin.act(twin_obs)
+            if t % 10 == 0 and len(strip) < 6 and bool(alive[0]):
+                strip.append((twin_obs["camera"][0].numpy(), obs["camera"][0].numpy(), t))
             if action.dtype == torch.long:
                 match = action == twin_action
             else:  # continuous: within 5% of the normalized range on every axis
@@ -194,5 +211,12 @@ def action_agreement(load, path: str, reality: RealityConfig, eval_cfg: EvalConf
             if not bool(alive.any()):
                 break
     finally:
-        env.close()
+        if own:
+            env.close()
+    if frames_out and strip:
+        from envs.racing.visualize import save_frame_strip
+
+        frames = np.stack([f[0] for f in strip] + [f[1] for f in strip])
+        captions = [f"training camera t={f[2]}" for f in strip] + [f"proxy camera t={f[2]}" for f in strip]
+        save_frame_strip(frames, frames_out, captions, cols=len(strip))
     return {"agreement": same / max(total, 1), "steps": total}

@@ -111,6 +111,8 @@ def write_report(result: dict, out: Path) -> list[Path]:
         lines += ["", f"Action agreement at identical poses, training camera vs proxy camera: "
                       f"**{_fmt(a['agreement'], True)}** over {a['steps']} steps."]  # fmt: skip
     lines += ["", "![scores](transfer_scatter.png)", "", "![by checkpoint](transfer_by_checkpoint.png)", ""]
+    if (out / "transfer_frames.png").is_file():
+        lines += ["![training vs proxy camera at identical poses](transfer_frames.png)", ""]
     md = out / "transfer.md"
     write_text_atomic(md, "\n".join(lines))
     return [md, scatter, by_ckpt]

@@ -4,7 +4,7 @@ actuation effects of the reality proxy (battery sag, servo slew rate and deadban
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -73,6 +73,10 @@ class EffectsConfig:
     """extra action latency drawn uniformly in [0, x] ms every control step"""
     steering_offset_deg: float = 0.0
     """steering trim error added on top of the randomization (degrees, + = left)"""
+    randomize: bool = False
+    """training-time randomization: every env draws each effect's strength uniformly between off and the value above
+    at every reset (the battery then starts each episode at a charge between the floor and full, and the trim takes a
+    random sign)"""
 
     def __post_init__(self) -> None:
         check_range("effects.battery_sag_per_minute", self.battery_sag_per_minute, 0.0, 1.0)
@@ -85,14 +89,15 @@ class EffectsConfig:
 
     @property
     def active(self) -> bool:
-        return self != EffectsConfig()
+        return replace(self, randomize=False) != EffectsConfig()
 
 
 class ActuatorEffects:
-    """Per-env state of the unmodeled actuation effects (battery charge used, servo position).
+    """Per-env state of the unmodeled actuation effects (battery charge used, servo position, effect strengths).
 
     `command` maps a control-step command through deadband, trim, throttle map and battery gain; `latency` adds the
-    jitter; `servo` applies the slew-rate limit every physics substep.
+    jitter; `servo` applies the slew-rate limit every physics substep. With `cfg.randomize`, `reset` draws a strength
+    in [0, 1] per env and effect (columns: deadband, trim, throttle, jitter, servo, battery).
     """
 
     def __init__(
@@ -101,25 +106,31 @@ class ActuatorEffects:
         self.cfg, self.dt_physics, self.max_speed = cfg, dt_physics, max_speed
         self.servo_angle = torch.zeros(num_envs, device=device)
         self.drive_seconds = torch.zeros(num_envs, device=device)  # session time: never reset between episodes
+        self.strength = torch.ones(num_envs, 6, device=device)
+        self.trim_sign = torch.ones(num_envs, device=device)
         self.jitter_steps = int(round(cfg.latency_jitter_ms / 1000.0 / dt_physics))
 
     def battery_gain(self) -> Tensor:
+        if self.cfg.randomize:
+            return 1.0 - (1.0 - self.cfg.battery_floor) * self.strength[:, 5]
         sag = self.cfg.battery_sag_per_minute * self.drive_seconds / 60.0
         return (1.0 - sag).clamp(min=self.cfg.battery_floor)
 
     def command(self, steer: Tensor, speed: Tensor) -> tuple[Tensor, Tensor]:
-        cfg = self.cfg
-        deadband = math.radians(cfg.steering_deadband_deg)
+        cfg, k = self.cfg, self.strength
+        deadband = math.radians(cfg.steering_deadband_deg) * k[:, 0]
         steer = torch.where(steer.abs() < deadband, torch.zeros_like(steer), steer)
-        steer = steer + math.radians(cfg.steering_offset_deg)
+        steer = steer + math.radians(cfg.steering_offset_deg) * k[:, 1] * self.trim_sign
         if cfg.throttle_exponent != 1.0:
-            speed = self.max_speed * (speed / self.max_speed).clamp(min=0.0) ** cfg.throttle_exponent
+            exponent = 1.0 + (cfg.throttle_exponent - 1.0) * k[:, 2]
+            speed = self.max_speed * (speed / self.max_speed).clamp(min=0.0) ** exponent
         return steer, speed
 
     def latency(self, latency: Tensor, generator: torch.Generator) -> Tensor:
         if self.jitter_steps == 0:
             return latency
-        extra = torch.randint(0, self.jitter_steps + 1, latency.shape, generator=generator, device=latency.device)
+        u = torch.rand(latency.shape, generator=generator, device=latency.device)
+        extra = torch.floor(u * (self.jitter_steps * self.strength[:, 3] + 1.0)).long()
         return latency + extra
 
     def servo(self, steer: Tensor) -> Tensor:
@@ -127,21 +138,27 @@ class ActuatorEffects:
         if self.cfg.servo_rate_dps <= 0:
             self.servo_angle = steer.clone()
         else:
-            step = math.radians(self.cfg.servo_rate_dps) * self.dt_physics
-            self.servo_angle = self.servo_angle + (steer - self.servo_angle).clamp(-step, step)
+            step = math.radians(self.cfg.servo_rate_dps) * self.dt_physics / self.strength[:, 4].clamp(min=1e-3)
+            self.servo_angle = self.servo_angle + torch.maximum(torch.minimum(steer - self.servo_angle, step), -step)
         self.drive_seconds += self.dt_physics
         return self.servo_angle
 
-    def reset(self, env_ids: Tensor) -> None:
+    def reset(self, env_ids: Tensor, generator: torch.Generator | None = None) -> None:
         self.servo_angle[env_ids] = 0.0
+        if self.cfg.randomize and generator is not None:
+            m = env_ids.numel()
+            self.strength[env_ids] = torch.rand(m, 6, generator=generator, device=self.strength.device)
+            flip = torch.rand(m, generator=generator, device=self.strength.device) < 0.5
+            self.trim_sign[env_ids] = torch.where(flip, -1.0, 1.0)
 
     def new_session(self) -> None:
         """A freshly charged battery (a new evaluation session)."""
         self.drive_seconds.zero_()
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {"servo_angle": self.servo_angle.clone(), "drive_seconds": self.drive_seconds.clone()}
+        names = ("servo_angle", "drive_seconds", "strength", "trim_sign")
+        return {name: getattr(self, name).clone() for name in names}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.servo_angle.copy_(state["servo_angle"])
-        self.drive_seconds.copy_(state["drive_seconds"])
+        for name, value in state.items():
+            getattr(self, name).copy_(value)

@@ -177,7 +177,7 @@ class RacingEnv:
         self.physics.reset(env_ids, xy[:, 0], xy[:, 1], heading, torch.zeros(m, device=dev))
         self.physics.set_params(self.world.params, env_ids)
         if self.effects is not None:
-            self.effects.reset(env_ids)
+            self.effects.reset(env_ids, self.generator)
 
         seg0 = (torch.remainder(s0, self.track.length) / self.track.ds).long().clamp(0, self.track.num_points - 1)
         proj = self.track.project(xy, heading, hint=seg0, window=2)

@@ -177,6 +177,7 @@ def reality_env_config(
         )  # fmt: skip
         out = replace(out, physics=cfg.physics, substeps=cfg.substeps, effects=cfg.effects)
     else:  # training dynamics at their nominal values
+        out = replace(out, effects=EffectsConfig())
         rnd = replace(
             rnd, friction=False, mass=False, motor_gain=False, steering_gain=False, steering_offset=False,
             action_latency=False,

@@ -139,3 +139,15 @@ def test_reality_config_round_trips_through_the_cli():
     assert cfg.sensor.read_noise == 5.0 and cfg.scene.glare_patches == 9
     with pytest.raises(SystemExit):
         parse(presets, "", ["default", "--variant", "moon"])
+
+
+def test_randomized_effects_draw_strengths_between_off_and_the_value():
+    cfg = EffectsConfig(servo_rate_dps=300.0, throttle_exponent=2.0, battery_floor=0.8, randomize=True)
+    fx = ActuatorEffects(cfg, 256, DT, 4.0, torch.device("cpu"))
+    fx.reset(torch.arange(256), torch.Generator().manual_seed(0))
+    gain = fx.battery_gain()
+    assert gain.min() >= 0.8 and gain.max() <= 1.0 and gain.std() > 0.03
+    _, speed = fx.command(torch.zeros(256), torch.full((256,), 2.0))
+    assert speed.min() >= 1.0 - 1e-5 and speed.max() <= 2.0 + 1e-5 and speed.std() > 0.1  # 4 * 0.5 ** [1, 2]
+    out = fx.servo(torch.full((256,), 1.0))
+    assert out.min() >= math.radians(5.0) - 1e-6, "a weaker effect is a faster servo, never a slower one"

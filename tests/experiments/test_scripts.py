@@ -54,3 +54,12 @@ def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     meta.write_text(json.dumps({"action_space": [{"steering_angle": 50, "speed": 1.0}]}))
     proc = run("experiments.drive_scripted", "smoke", "--env.action-space", str(meta), "--out-dir", str(tmp_path))
     assert proc.returncode == 2 and "outside ±30" in proc.stderr
+
+
+def test_demo_smoke_runs_every_stage(tmp_path):
+    proc = run("experiments.demo", "smoke", "--out-dir", str(tmp_path), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"teacher", "student", "export", "deployment_loop", "transfer"} <= set(summary)
+    assert (tmp_path / "export" / "student.onnx").is_file()
+    assert "consecutive-good" in (tmp_path / "transfer" / "transfer.md").read_text()
