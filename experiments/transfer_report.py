@@ -25,6 +25,9 @@ def write_report(result: dict, out: Path) -> list[Path]:
     fixed = [r["fixed_lap"]["score"] for r in rows]
     proxy = [r["proxy"]["score"] for r in rows]
     picks = result["picks"]
+    labels: dict[int, str] = {}
+    for rule, p in picks.items():  # one label per picked checkpoint, naming every rule that chose it
+        labels[p["index"]] = f"{labels[p['index']]}, {rule}" if p["index"] in labels else rule
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, xs, label, rho in (
@@ -32,9 +35,8 @@ def write_report(result: dict, out: Path) -> list[Path]:
         (axes[1], fixed, "fixed-lap sim score", result["spearman_fixed_lap_vs_proxy"]),
     ):
         ax.scatter(xs, proxy, c=range(len(xs)), cmap="viridis")
-        for rule, p in picks.items():
-            ax.annotate(rule, (xs[p["index"]], proxy[p["index"]]), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")  # fmt: skip
+        for index, label in labels.items():
+            ax.annotate(label, (xs[index], proxy[index]), fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.set_xlabel(label)
         ax.set_ylabel("reality-proxy score")
         ax.set_title(f"Spearman {_fmt(rho)}")
@@ -47,9 +49,9 @@ def write_report(result: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(11, 4))
     for ys, label in ((robust, "robust sim"), (fixed, "fixed-lap sim"), (proxy, "reality proxy")):
         ax.plot(range(len(ys)), ys, marker="o", label=label)
-    for rule, p in picks.items():
-        ax.axvline(p["index"], ls=":", color="gray")
-        ax.text(p["index"], 0.02, rule, rotation=90, fontsize=7, va="bottom")
+    for index, label in labels.items():
+        ax.axvline(index, ls=":", color="gray")
+        ax.text(index, 0.02, label, rotation=90, fontsize=7, va="bottom")
     ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel("score (mean progress, one lap = 1)")
     ax.set_ylim(0, 1.05)
