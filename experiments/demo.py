@@ -33,13 +33,14 @@ class DemoConfig:
     """everything goes under here"""
     teacher: train_teacher.TrainTeacherConfig = field(
         default_factory=lambda: replace(
-            train_teacher.PRESETS["default"][1],
+            train_teacher.PRESETS["transfer"][1],
             trainer=TrainerConfig(iterations=250, max_minutes=3.0, eval_every=25, save_every=25),
             final_eval=EvalConfig(start_points=10, laps=1, max_seconds=30.0, seed=4321),
             generalization_tracks=(),
         )
     )
-    """teacher run (the run directory is set by out_dir)"""
+    """teacher run in the transfer training world (calibrated fisheye lens, wider randomization, unmodeled effects
+    drawn per env); the run directory is set by out_dir"""
     student: distill_student.DistillConfig = field(
         default_factory=lambda: replace(
             distill_student.PRESETS["default"][1], dagger=DaggerConfig(rounds=5, train_steps=150)

@@ -171,7 +171,7 @@ class GenesisCamera:
         self.rig.set_quat(quat, zero_velocity=True)
         self.camera.move_to_attach()
         rgb = self.camera.render(rgb=True, force_render=True)[0]
-        rgb = torch.as_tensor(np.asarray(rgb), device=self.device).float()
+        rgb = torch.as_tensor(np.ascontiguousarray(rgb), device=self.device).float()
         if rgb.dim() == 3:
             rgb = rgb.unsqueeze(0)
         luma = ((rgb @ LUMA.to(rgb.device)) * visuals.brightness.view(-1, 1, 1)).unsqueeze(1)
