@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m experiments.demo
+	$(PY) -m experiments.demo default
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -30,7 +30,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 bench: $(STAMP)
-	$(PY) -m experiments.benchmark
+	$(PY) -m experiments.benchmark default
 
 clean-venv:
 	rm -rf $(VENV)

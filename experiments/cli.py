@@ -15,7 +15,11 @@ T = TypeVar("T")
 
 
 def parse(presets: Mapping[str, tuple[str, T]], description: str, args: list[str] | None = None) -> T:
-    """Parse `PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli` style)."""
+    """Parse `PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli` style); without a preset name
+    the `default` preset is used."""
+    args = list(sys.argv[1:] if args is None else args)
+    if "default" in presets and (not args or (args[0].startswith("--") and args[0] != "--help")):
+        args = ["default", *args]
     return tyro.extras.overridable_config_cli(dict(presets), description=description, args=args)
 
 

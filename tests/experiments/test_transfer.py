@@ -38,3 +38,12 @@ def test_consecutive_good_prefers_the_later_run_on_a_tie_and_falls_back_to_the_b
     assert pick_consecutive_good([0.9, 0.9, 0.1, 0.9, 0.9], margin=0.01).index == 4
     fallback = pick_consecutive_good([0.1, 0.9, 0.2, 0.8], margin=0.05, min_run=2)
     assert fallback.index == 1 and "best single" in fallback.detail
+
+
+def test_cli_without_a_preset_name_uses_default():
+    from experiments.cli import parse
+    from experiments.select_checkpoint import PRESETS
+
+    assert parse(PRESETS, "", []).proxy.start_points == PRESETS["default"][1].proxy.start_points
+    assert parse(PRESETS, "", ["--good-margin", "0.1"]).good_margin == 0.1
+    assert parse(PRESETS, "", ["smoke"]).reality.physics == "bicycle"
