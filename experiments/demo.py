@@ -1,4 +1,4 @@
-"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~20 minutes).
+"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~15 minutes).
 
 teacher (PPO on ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX,
 OpenVINO, DeepRacer metadata) -> the exported student driving the sim in the 15 Hz deployment loop -> the transfer

@@ -192,7 +192,7 @@ def main(cfg: SelectConfig) -> dict:
         if path.suffix == ".png":
             logger.image(f"transfer/{path.stem}", path, step=0)
     logger.finish()
-    console.print((out / "transfer.md").read_text())
+    console.print((out / "transfer.md").read_text(), markup=False, highlight=False)
     console.print(f"transfer report in [bold]{out.resolve()}[/] (transfer.md, transfer.json, *.png)")
     return result
 
