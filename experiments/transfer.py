@@ -184,13 +184,14 @@ def action_agreement(
         visuals = sample_visuals(NOMINAL, env.num_envs, env.generator, env.device)
         starts, dirs = episode_plan(eval_cfg)
         env.generator.manual_seed(eval_cfg.seed)
-        ids = torch.arange(env.num_envs)
-        direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs])
-        obs = env.reset_to(ids, torch.tensor(starts), direction)
-        everyone = torch.ones(env.num_envs, dtype=torch.bool)
+        dev = env.device
+        ids = torch.arange(env.num_envs, device=dev)
+        direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs], device=dev)
+        obs = env.reset_to(ids, torch.tensor(starts, device=dev), direction)
+        everyone = torch.ones(env.num_envs, dtype=torch.bool, device=dev)
         driver.reset(everyone)
         twin.reset(everyone)
-        alive = torch.ones(env.num_envs, dtype=torch.bool)
+        alive = everyone.clone()
         same, total = 0, 0
         strip: list = []
         for t in range(env.max_episode_length):
@@ -199,7 +200,7 @@ def action_agreement(
             twin_obs["camera"] = camera.render(pose[:, 0], pose[:, 1], pose[:, 2], visuals)
             action, twin_action = driver.act(obs), twin.act(twin_obs)
             if t % 10 == 0 and len(strip) < 6 and bool(alive[0]):
-                strip.append((twin_obs["camera"][0].numpy(), obs["camera"][0].numpy(), t))
+                strip.append((twin_obs["camera"][0].cpu().numpy(), obs["camera"][0].cpu().numpy(), t))
             if action.dtype == torch.long:
                 match = action == twin_action
             else:  # continuous: within 5% of the normalized range on every axis
