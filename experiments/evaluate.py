@@ -25,12 +25,11 @@ from rich.table import Table
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError
-from envs.racing.env import RacingEnv
-from envs.racing.evaluation import EvalConfig, evaluate, evaluation_env_config
+from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
-from experiments.transfer import NOMINAL, score
+from experiments.transfer import NOMINAL, Evaluator
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import TEACHER_KIND, load_teacher
 
@@ -141,15 +140,14 @@ def main(cfg: EvaluateConfig) -> dict:
 
 
 def evaluate_one(policy, env_cfg, eval_cfg: EvalConfig):
-    env = RacingEnv(evaluation_env_config(env_cfg, eval_cfg))
+    """Metrics (with the score), episode records and the env (for plots; the caller closes it)."""
+    evaluator = Evaluator(env_cfg, eval_cfg)
     try:
-        policy.check_env(env)
-    except Exception:
-        env.close()
+        metrics, records = evaluator(policy)
+    except BaseException:
+        evaluator.close()
         raise
-    metrics, records, env = evaluate(policy.act, env_cfg, eval_cfg, reset=getattr(policy, "reset", None), env=env)
-    metrics["score"] = score(metrics)
-    return metrics, records, env
+    return metrics, records, evaluator.env
 
 
 def online_estimation_report(model, env_cfg, console: Console) -> dict:
