@@ -25,6 +25,7 @@ from rich.table import Table
 
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
+from envs.racing.physics_genesis import GenesisConfig
 from experiments.cli import run
 
 
@@ -50,6 +51,8 @@ class BenchmarkConfig:
     """track"""
     threads: int = 0
     """torch threads (0 = torch's default)"""
+    genesis_performance_mode: bool = False
+    """Genesis static-array kernels (faster steps, slower warm builds; see env.genesis.performance_mode)"""
     out: str = "outputs/benchmark.json"
     """JSON output path"""
     single: str = ""
@@ -62,10 +65,16 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         torch.set_num_threads(cfg.threads)
     camera = {"camera": "projective", "genesis_camera": "genesis"}.get(kind, "none")
     physics = "genesis" if kind == "genesis" else "bicycle"
-    env_cfg = EnvConfig(num_envs=num_envs, track=cfg.track, camera=camera, physics=physics, compile=cfg.compile)
+    env_cfg = EnvConfig(
+        num_envs=num_envs, track=cfg.track, camera=camera, physics=physics, compile=cfg.compile,
+        genesis=GenesisConfig(performance_mode=cfg.genesis_performance_mode),
+    )  # fmt: skip
     t0 = time.perf_counter()
+    if "genesis" in (physics, camera):
+        import genesis  # noqa: F401  (timed apart from the build: the import alone takes seconds)
+    imported = time.perf_counter()
     env = RacingEnv(env_cfg)
-    build = time.perf_counter() - t0
+    build = time.perf_counter() - imported
     gen = torch.Generator().manual_seed(0)
     steps = {"state": cfg.steps, "genesis": max(10, cfg.steps // 2)}.get(kind, max(10, cfg.steps // 4))
     actions = [torch.randint(0, env.action_space.num_choices, (num_envs, 1), generator=gen).float() for _ in range(8)]
@@ -82,13 +91,15 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         "seconds": elapsed,
         "env_steps_per_s": num_envs * steps / elapsed,
         "build_seconds": build,
+        "import_seconds": imported - t0,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
     if kind in ("genesis", "genesis_camera"):
         import os as _os
 
         result["physics_steps_per_s"] = result["env_steps_per_s"] * env_cfg.substeps
-        result["qd_num_threads"] = _os.environ.get("QD_NUM_THREADS", "default")
+        result["qd_num_threads"] = _os.environ.get("QD_NUM_THREADS", "default (1)")
+        result["genesis_performance_mode"] = cfg.genesis_performance_mode
     if kind in ("camera", "genesis_camera"):
         result["frames_per_s"] = result["env_steps_per_s"]
         state = env.physics.state
@@ -132,6 +143,7 @@ def main(cfg: BenchmarkConfig) -> dict:
         str(cfg.threads),
     ]
     flags += ["--compile" if cfg.compile else "--no-compile"]
+    flags += ["--genesis-performance-mode" if cfg.genesis_performance_mode else "--no-genesis-performance-mode"]
     flags += [
         "--genesis-envs",
         *map(str, cfg.genesis_envs),
@@ -144,7 +156,7 @@ def main(cfg: BenchmarkConfig) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"benchmark {kind}:{n} failed:\n{proc.stderr[-2000:]}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    table = Table(title="env throughput")
+    table = Table(title="env throughput (build: env construction incl. gs.init and scene builds, after the import)")
     for col in ("env", "envs", "env-steps/s", "render-only frames/s", "peak RSS (MiB)", "build (s)"):
         table.add_column(col)
     for r in results:

@@ -1,9 +1,9 @@
 """Genesis-rendered camera: the same `(N, 1, 120, 160)` uint8 frames, rasterized from a 3-D scene.
 
 The scene (its own Genesis scene, render-only, so it works with either physics backend) holds the textured track
-plane, barrier walls as one mesh, and clutter beyond the barriers (boxes and people-sized posts). Each env has a
-camera rig body whose pose is set from the car pose every frame; the camera is attached to it with the calibrated
-mount (height, forward offset, pitch) and renders one image per env (`VisOptions(split_envs=True)`). Rendering is
+plane, barrier walls as one mesh, and clutter beyond the barriers (boxes and people-sized posts). Every frame the
+camera takes one pose per env, the car pose composed with the calibrated mount (height, forward offset, pitch), and
+renders one image per env (`VisOptions(split_envs=True)`). Rendering is
 headless through EGL (Mesa on CPUs).
 """
 
@@ -20,11 +20,33 @@ from torch import Tensor
 
 from envs.errors import ConfigError
 from envs.racing.camera import CameraConfig
-from envs.racing.physics_genesis import init_genesis
+from envs.racing.physics_genesis import GenesisConfig, init_genesis
 from envs.racing.randomization import VisualSample
 from envs.racing.track_texture import TrackScene
 
 LUMA = torch.tensor([0.299, 0.587, 0.114])
+_MSAA = {"samples": 4}
+
+
+def _limit_msaa_samples() -> None:
+    """Let `GenesisCamera` choose the multisample count of Genesis' offscreen framebuffers.
+
+    Genesis' renderer always asks for min(GL_MAX_SAMPLES, 4) samples when it creates a camera's framebuffer (on the
+    first render); answering that query with `_MSAA["samples"]` makes the count a setting. A software rasterizer
+    shades every sample, so 4 samples cost ~3x the render time of a 160x120 frame.
+    """
+    from genesis.ext.pyrender import renderer
+
+    if getattr(renderer, "_gapbridge_msaa", False):
+        return
+    query = renderer.glGetIntegerv
+
+    def get_integer(name, *args):
+        value = query(name, *args)
+        return min(int(value), _MSAA["samples"]) if name == renderer.GL_MAX_SAMPLES else value
+
+    renderer.glGetIntegerv = get_integer
+    renderer._gapbridge_msaa = True
 
 
 def wall_mesh(scene: TrackScene) -> tuple[np.ndarray, np.ndarray]:
@@ -61,8 +83,9 @@ def fisheye_grid(cfg: CameraConfig) -> Tensor:
     return torch.stack([gx, gy], -1).float().unsqueeze(0)
 
 
-def mount_transform(cfg: CameraConfig, base_height: float) -> np.ndarray:
-    """4x4 pose of the camera in the rig frame (OpenGL camera: looks along -z, +y up)."""
+def mount_transform(cfg: CameraConfig, base_height: float = 0.0) -> np.ndarray:
+    """4x4 pose of the camera in the frame of a car body `base_height` above the floor (OpenGL camera: looks along
+    -z, +y up)."""
     p = math.radians(cfg.pitch_deg)
     x_cam = np.array([0.0, -1.0, 0.0])
     y_cam = np.array([math.sin(p), 0.0, math.cos(p)])
@@ -77,9 +100,15 @@ class GenesisCamera:
     """Rasterized per-env camera (render-only Genesis scene)."""
 
     name = "genesis"
-    RIG_HEIGHT = 0.05
 
-    def __init__(self, physics, scene: TrackScene, cfg: CameraConfig, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        physics,
+        scene: TrackScene,
+        cfg: CameraConfig,
+        device: str | torch.device = "cpu",
+        genesis: GenesisConfig | None = None,
+    ) -> None:
         if cfg.hfov_deg > 150.0:
             raise ConfigError(f"env.camera=genesis renders through a pinhole first: camera.hfov_deg <= 150 (got "
                               f"{cfg.hfov_deg}); use env.camera=projective for wider fisheye lenses")  # fmt: skip
@@ -90,7 +119,9 @@ class GenesisCamera:
         light_dir = (-math.cos(el) * math.cos(az), -math.cos(el) * math.sin(az), -math.sin(el))
         self.cfg, self.track_scene = cfg, scene
         self.num_envs = physics.num_envs
-        gs = init_genesis(self.device)
+        self.msaa_samples = (genesis or GenesisConfig()).msaa_samples
+        gs = init_genesis(self.device, genesis)
+        _limit_msaa_samples()
         self.gs = gs
         self.scene = gs.Scene(
             show_viewer=False,
@@ -145,9 +176,6 @@ class GenesisCamera:
                 gs.morphs.Mesh(file=str(path), fixed=True, collision=False),
                 surface=gs.surfaces.Default(color=(shade, shade * 0.9, shade * 0.8)),
             )
-        self.rig = self.scene.add_entity(
-            gs.morphs.Box(size=(0.02, 0.02, 0.02), pos=(0, 0, self.RIG_HEIGHT), collision=False)
-        )
         vfov = 2 * math.degrees(math.atan(math.tan(math.radians(cfg.hfov_deg) / 2) * cfg.height_px / cfg.width))
         self.camera = self.scene.add_camera(res=(cfg.width, cfg.height_px), fov=vfov, near=0.01, far=40.0, GUI=False)
         try:
@@ -159,17 +187,18 @@ class GenesisCamera:
                     "libgl1-mesa-dri (Debian/Ubuntu) and set PYOPENGL_PLATFORM=egl, or use env.camera=projective"
                 ) from None
             raise
-        self.camera.attach(self.rig.base_link, mount_transform(cfg, self.RIG_HEIGHT))
+        self.mount = torch.as_tensor(mount_transform(cfg), dtype=torch.float64)  # car frame on the floor -> camera
 
     @torch.no_grad()
     def render(self, x: Tensor, y: Tensor, yaw: Tensor, visuals: VisualSample) -> Tensor:
         """Frames `(N, 1, H, W)` uint8 from car poses `(N,)`; brightness randomization applies to the luma."""
-        half = 0.5 * yaw
-        z = torch.full_like(x, self.RIG_HEIGHT)
-        quat = torch.stack([torch.cos(half), torch.zeros_like(half), torch.zeros_like(half), torch.sin(half)], -1)
-        self.rig.set_pos(torch.stack([x, y, z], -1), zero_velocity=True)
-        self.rig.set_quat(quat, zero_velocity=True)
-        self.camera.move_to_attach()
+        c, sn = torch.cos(yaw).double().cpu(), torch.sin(yaw).double().cpu()
+        car = torch.zeros(x.shape[0], 4, 4, dtype=torch.float64)
+        car[:, 0, 0], car[:, 0, 1], car[:, 1, 0], car[:, 1, 1] = c, -sn, sn, c
+        car[:, 0, 3], car[:, 1, 3] = x.double().cpu(), y.double().cpu()
+        car[:, 2, 2] = car[:, 3, 3] = 1.0
+        self.camera.set_pose(transform=(car @ self.mount).numpy())
+        _MSAA["samples"] = self.msaa_samples  # read when this camera's framebuffer is created (its first render)
         rgb = self.camera.render(rgb=True, force_render=True)[0]
         rgb = torch.as_tensor(np.ascontiguousarray(rgb), device=self.device).float()
         if rgb.dim() == 3:

@@ -9,6 +9,7 @@ from envs.errors import ConfigError, check_range
 from envs.racing.camera import CameraConfig
 from envs.racing.car import CarSpec
 from envs.racing.effects import EffectsConfig
+from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.rewards import RewardConfig, TerminationConfig
 from envs.racing.sensor import SensorConfig
@@ -64,6 +65,8 @@ class EnvConfig:
     """torch.compile the per-step physics, projection and observation kernels (~2.5x faster at 4096 envs; the
     first build takes ~20 s, cached afterwards)"""
     car: CarSpec = field(default_factory=CarSpec)
+    genesis: GenesisConfig = field(default_factory=GenesisConfig)
+    """Genesis engine settings (physics and camera backends `genesis`)"""
     optics: CameraConfig = field(default_factory=CameraConfig)
     scene: SceneConfig = field(default_factory=SceneConfig)
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)

@@ -96,7 +96,7 @@ class RacingEnv:
         if self.cfg.camera == "genesis":
             from envs.racing.camera_genesis import GenesisCamera
 
-            return GenesisCamera(self.physics, self.scene, self.cfg.optics, self.device)
+            return GenesisCamera(self.physics, self.scene, self.cfg.optics, self.device, self.cfg.genesis)
         return make_camera(self.cfg.camera, self.scene, self.cfg.optics, self.device)
 
     # ------------------------------------------------------------------------------------------------ buffers
@@ -225,9 +225,9 @@ class RacingEnv:
             self.action_delay.push(command)
             delayed = self.action_delay.read(latency)
             steer_now = delayed[:, 0] if self.effects is None else self.effects.servo(delayed[:, 0])
-            state = self.physics.step(steer_now, delayed[:, 1])
+            self.physics.advance(steer_now, delayed[:, 1])
             if self.camera is not None:  # the camera sees the pose of `camera_latency` substeps ago
-                self.pose_delay.push(torch.stack([state.x, state.y, state.yaw], dim=-1))
+                self.pose_delay.push(self.physics.pose())
 
         state = self.physics.state
         proj = self._project_all(torch.stack([state.x, state.y], -1), state.yaw, hint=self.segment)

@@ -185,3 +185,9 @@ class BicyclePhysics:
         steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)
         self.state = self._step(self.state, steer_t, speed_t, self.params, self.spec, self.dt)
         return self.state
+
+    advance = step
+
+    def pose(self) -> Tensor:
+        """`(N, 3)` world pose (x, y, yaw)."""
+        return torch.stack([self.state.x, self.state.y, self.state.yaw], dim=-1)

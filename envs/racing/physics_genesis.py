@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,22 +34,48 @@ CG_ABOVE_AXLE = 0.008
 GROUND_FRICTION = 0.01  # below every wheel's, so the wheel friction sets the pair friction
 
 
-def init_genesis(device: torch.device) -> object:
+@dataclass(frozen=True)
+class GenesisConfig:
+    """Genesis engine settings. `gs.init` runs once per process, so the first Genesis env of a process fixes them."""
+
+    performance_mode: bool = False
+    """static-array kernels: ~15-20% faster physics steps, but Genesis' kernel fast cache does not apply to them, so
+    every process traces its kernels again (a warm scene build takes ~60 s instead of ~10 s); for long runs"""
+    msaa_samples: int = 0
+    """multisample anti-aliasing of the Genesis rasterizer (0 = off); on a software rasterizer 4 samples cost ~3x
+    the render time of a frame, and the sensor model blurs edges anyway"""
+
+    def __post_init__(self) -> None:
+        if self.msaa_samples not in (0, 2, 4):
+            raise ConfigError(f"genesis.msaa_samples={self.msaa_samples}; use 0 (off), 2 or 4")
+
+
+def init_genesis(device: torch.device, cfg: GenesisConfig | None = None) -> object:
     """`gs.init` once per process, on the CPU backend (or CUDA when the env lives on a GPU)."""
+    cfg = cfg or GenesisConfig()
     if "gs" in _GS_STATE:
+        if _GS_STATE["performance_mode"] != cfg.performance_mode:
+            raise ConfigError(
+                f"genesis.performance_mode={cfg.performance_mode}, but Genesis is already initialized in this process "
+                f"with performance_mode={_GS_STATE['performance_mode']}; use one setting per process"
+            )
         return _GS_STATE["gs"]
     try:
         import genesis as gs
     except ImportError as err:  # pragma: no cover - genesis is a core dependency
         raise ConfigError(f"env.physics=genesis needs genesis-world ({err})") from None
     backend = gs.gpu if device.type == "cuda" else gs.cpu
-    gs.init(backend=backend, precision="32", logging_level="warning", performance_mode=True, seed=0)
-    _GS_STATE["gs"] = gs
+    gs.init(backend=backend, precision="32", logging_level="warning", performance_mode=cfg.performance_mode, seed=0)
+    _GS_STATE["gs"], _GS_STATE["performance_mode"] = gs, cfg.performance_mode
     return gs
 
 
 def car_urdf(spec: CarSpec) -> str:
-    """URDF text of a DeepRacer-class car: chassis, two steering knuckles, four continuous wheels."""
+    """URDF text of a DeepRacer-class car: chassis, two steering knuckles, four continuous wheels.
+
+    The wheels collide as spheres of the wheel radius (one analytic contact each, no chatter; a cylinder costs a
+    multi-point convex contact per wheel); the chassis has no collision geometry, since the car's only contacts are
+    its tyres on the floor."""
     lf, lr, half = spec.cg_to_front, spec.cg_to_rear, spec.track_width / 2
     r, w = spec.wheel_radius, WHEEL_WIDTH
     chassis_mass = spec.mass - 4 * WHEEL_MASS
@@ -64,7 +90,7 @@ def car_urdf(spec: CarSpec) -> str:
   <link name="{name}">
     <inertial><mass value="{WHEEL_MASS}"/><inertia ixx="{wi}" iyy="{wa}" izz="{wi}" ixy="0" ixz="0" iyz="0"/></inertial>
     <visual><origin rpy="1.5708 0 0"/><geometry><cylinder radius="{r}" length="{w}"/></geometry></visual>
-    <collision><origin rpy="1.5708 0 0"/><geometry><cylinder radius="{r}" length="{w}"/></geometry></collision>
+    <collision><geometry><sphere radius="{r}"/></geometry></collision>
   </link>"""
 
     def knuckle(name: str) -> str:
@@ -87,7 +113,6 @@ def car_urdf(spec: CarSpec) -> str:
     <inertial><origin xyz="0 0 {CG_ABOVE_AXLE}"/><mass value="{chassis_mass}"/>
       <inertia ixx="{ix}" iyy="{iy}" izz="{iz}" ixy="0" ixz="0" iyz="0"/></inertial>
     <visual><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></visual>
-    <collision><origin xyz="0 0 {cz / 2 + 0.01}"/><geometry><box size="{cx} {cy} {cz}"/></geometry></collision>
   </link>"""
     parts = [body]
     for side, y in (("left", half), ("right", -half)):
@@ -152,12 +177,15 @@ class GenesisPhysics:
             raise ConfigError(
                 f"env.physics=genesis needs physics substeps of <= 1/60 s (got {self.dt:.4f} s); raise env.substeps"
             )
-        gs = init_genesis(self.device)
+        gs = init_genesis(self.device, cfg.genesis)
         self.gs = gs
+        # Per-env link masses need batched link info; gains are shared by all envs, so dof info is not batched. Four
+        # sphere contacts need no contact pruning.
         self.scene = gs.Scene(
             sim_options=gs.options.SimOptions(dt=self.dt, substeps=1),
             rigid_options=gs.options.RigidOptions(
-                enable_self_collision=False, batch_links_info=True, batch_dofs_info=True, max_collision_pairs=32,
+                enable_self_collision=False, batch_links_info=True, batch_dofs_info=False, max_collision_pairs=16,
+                contact_pruning_tolerance=None,
             ),
             show_viewer=False,
         )  # fmt: skip
@@ -194,22 +222,27 @@ class GenesisPhysics:
         self.base_masses = self.car.get_links_mass() if hasattr(self.car, "get_links_mass") else None
         self.params = CarParams.nominal(self.num_envs, self.device)
         self.speed_state = torch.zeros(self.num_envs, device=self.device)  # motor lag state
-        self.state = CarState.zeros(self.num_envs, self.device)
-        self._read_state()
+        self._state: CarState | None = None  # read from the solver on demand (see `state`)
+
+    @property
+    def state(self) -> CarState:
+        """The planar car state, read from the solver the first time it is asked for after a step."""
+        if self._state is None:
+            self._state = self._read_state()
+        return self._state
 
     # -------------------------------------------------------------------------------------------- interface
     def reset(self, env_ids: Tensor, x: Tensor, y: Tensor, yaw: Tensor, speed: Tensor) -> None:
         ids = env_ids.to(self.device)
         z = torch.full_like(x, self.spec.wheel_radius + 0.002)
         half = 0.5 * yaw
-        quat = torch.stack([torch.cos(half), torch.zeros_like(half), torch.zeros_like(half), torch.sin(half)], -1)
-        self.car.set_pos(torch.stack([x, y, z], -1), envs_idx=ids, zero_velocity=True)
-        self.car.set_quat(quat, envs_idx=ids, zero_velocity=True)
-        n_dofs = self.car.n_dofs
-        self.car.set_dofs_position(torch.zeros(len(ids), n_dofs - 6), list(range(6, n_dofs)), envs_idx=ids)
-        self.car.zero_all_dofs_velocity(envs_idx=ids)
+        # One write of the whole configuration (free base: position, wxyz quaternion; then the joints at zero).
+        qpos = torch.zeros(len(ids), self.car.n_qs, device=x.device)
+        qpos[:, 0], qpos[:, 1], qpos[:, 2] = x, y, z
+        qpos[:, 3], qpos[:, 6] = torch.cos(half), torch.sin(half)
+        self.car.set_qpos(qpos, envs_idx=ids, zero_velocity=True)
         self.speed_state[ids] = speed
-        self._read_state()
+        self._state = None
 
     def set_params(self, params: CarParams, env_ids: Tensor) -> None:
         for f in fields(CarParams):
@@ -223,6 +256,12 @@ class GenesisPhysics:
             self.car.set_links_mass(masses, envs_idx=ids)
 
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
+        """One physics substep; returns the new state."""
+        self.advance(steer_cmd, speed_cmd)
+        return self.state
+
+    def advance(self, steer_cmd: Tensor, speed_cmd: Tensor) -> None:
+        """One physics substep without reading the state back (the env reads it once per control step)."""
         steer_t, speed_t = actuator_targets(steer_cmd, speed_cmd, self.params, self.spec)
         # The same drivetrain as the bicycle model: first-order lag, acceleration and braking limited.
         spec = self.spec
@@ -233,16 +272,20 @@ class GenesisPhysics:
         self.car.control_dofs_position(torch.stack([left, right], -1), self.steer_dofs)
         self.car.control_dofs_velocity(wheel_speeds, self.drive_dofs)
         self.scene.step(update_visualizer=False)
-        self._read_state()
-        return self.state
+        self._state = None
 
-    def _read_state(self) -> None:
+    def pose(self) -> Tensor:
+        """`(N, 3)` world pose (x, y, yaw) of every car, without the velocities."""
+        pos = self.car.get_pos()
+        return torch.stack([pos[:, 0], pos[:, 1], yaw_from_quat(self.car.get_quat())], -1).to(self.device)
+
+    def _read_state(self) -> CarState:
         pos = self.car.get_pos()
         yaw = yaw_from_quat(self.car.get_quat())
         vel, ang = self.car.get_vel(), self.car.get_ang()
         c, s = torch.cos(yaw), torch.sin(yaw)
         steer = self.car.get_dofs_position(self.steer_dofs).mean(-1)
-        self.state = CarState(
+        return CarState(
             pos[:, 0].to(self.device), pos[:, 1].to(self.device), yaw.to(self.device),
             (c * vel[:, 0] + s * vel[:, 1]).to(self.device), (-s * vel[:, 0] + c * vel[:, 1]).to(self.device),
             ang[:, 2].to(self.device), steer.to(self.device),
@@ -263,7 +306,7 @@ class GenesisPhysics:
         self.car.set_qpos(state["qpos"])
         self.car.set_dofs_velocity(state["dofs_vel"])
         self.speed_state.copy_(state["speed_state"])
-        self._read_state()
+        self._state = None
 
     def close(self) -> None:
         if getattr(self, "scene", None) is not None:
