@@ -69,7 +69,7 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         num_envs=num_envs, track=cfg.track, camera=camera, physics=physics, compile=cfg.compile,
         genesis=GenesisConfig(performance_mode=cfg.genesis_performance_mode),
     )  # fmt: skip
-    t0 = time.perf_counter()
+    start = time.perf_counter()
     if "genesis" in (physics, camera):
         import genesis  # noqa: F401  (timed apart from the build: the import alone takes seconds)
     imported = time.perf_counter()
@@ -91,13 +91,14 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         "seconds": elapsed,
         "env_steps_per_s": num_envs * steps / elapsed,
         "build_seconds": build,
-        "import_seconds": imported - t0,
+        "import_seconds": imported - start,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
+    if kind == "genesis":
+        result["physics_steps_per_s"] = result["env_steps_per_s"] * env_cfg.substeps
     if kind in ("genesis", "genesis_camera"):
         import os as _os
 
-        result["physics_steps_per_s"] = result["env_steps_per_s"] * env_cfg.substeps
         result["qd_num_threads"] = _os.environ.get("QD_NUM_THREADS", "default (1)")
         result["genesis_performance_mode"] = cfg.genesis_performance_mode
     if kind in ("camera", "genesis_camera"):

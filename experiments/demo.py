@@ -1,7 +1,8 @@
 """`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~15 minutes).
 
-teacher (PPO on ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX,
-OpenVINO, DeepRacer metadata) -> the exported student driving the sim in the 15 Hz deployment loop -> the transfer
+the scripted driver on the contact-wheel Genesis car with a strip of Genesis-rendered frames -> teacher (PPO on
+ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX, OpenVINO, DeepRacer
+metadata) -> the exported student driving the sim in the 15 Hz deployment loop -> the transfer
 report of the student run: every checkpoint scored in the sim and in the held-out reality proxy (Genesis car and
 rendered scene), the checkpoint-selection rules, and the sim-to-real gap split into perception and dynamics.
 """
@@ -17,7 +18,14 @@ from rich.console import Console
 from envs.config_io import write_text_atomic
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
-from experiments import distill_student, export_student, run_car, select_checkpoint, train_teacher
+from experiments import (
+    distill_student,
+    drive_scripted,
+    export_student,
+    run_car,
+    select_checkpoint,
+    train_teacher,
+)
 from experiments.cli import run
 from experiments.wandb_logger import WandbConfig
 from student.dagger import DaggerConfig
@@ -31,6 +39,13 @@ class DemoConfig:
 
     out_dir: str = "outputs/demo"
     """everything goes under here"""
+    genesis_drive: drive_scripted.DriveConfig = field(
+        default_factory=lambda: replace(
+            drive_scripted.PRESETS["genesis"][1], tracks=("reinvent2018",), eval=EvalConfig(start_points=2, laps=1)
+        )
+    )
+    """pure pursuit on the Genesis car (both directions) with a Genesis-rendered camera strip; out_dir is set by the
+    demo"""
     teacher: train_teacher.TrainTeacherConfig = field(
         default_factory=lambda: replace(
             train_teacher.PRESETS["transfer"][1],
@@ -62,22 +77,25 @@ class DemoConfig:
 def main(cfg: DemoConfig) -> dict:
     console = Console()
     out = Path(cfg.out_dir)
-    console.rule("1/5 teacher: PPO on ground-truth state")
+    console.rule("1/6 the scripted driver on the contact-wheel Genesis car")
+    genesis = drive_scripted.main(replace(cfg.genesis_drive, out_dir=str(out / "genesis_drive")))
+
+    console.rule("2/6 teacher: PPO on ground-truth state")
     t_cfg = replace(cfg.teacher, run_dir=str(out / "teacher"), wandb=cfg.wandb)
     teacher_summary = train_teacher.main(t_cfg)
     teacher_ckpt = train_teacher.latest_checkpoint(out / "teacher")
 
-    console.rule("2/5 student: DAgger from the camera")
+    console.rule("3/6 student: DAgger from the camera")
     s_cfg = replace(cfg.student, teacher=str(teacher_ckpt), run_dir=str(out / "student"), wandb=cfg.wandb)
     student_summary = distill_student.main(s_cfg)
     student_ckpt = distill_student.latest_round(out / "student")
 
-    console.rule("3/5 export")
+    console.rule("4/6 export")
     export_summary = export_student.main(
         export_student.ExportConfig(checkpoint=str(student_ckpt), out_dir=str(out / "export"), parity_steps=100)
     )
 
-    console.rule("4/5 the exported student in the 15 Hz deployment loop (sim)")
+    console.rule("5/6 the exported student in the 15 Hz deployment loop (sim)")
     drive = run_car.main(
         run_car.RunCarConfig(
             export=str(out / "export"), log_out=str(out / "real_log_sim.h5"),
@@ -85,11 +103,12 @@ def main(cfg: DemoConfig) -> dict:
         )
     )  # fmt: skip
 
-    console.rule("5/5 transfer report: sim vs the held-out reality proxy")
+    console.rule("6/6 transfer report: sim vs the held-out reality proxy")
     transfer = select_checkpoint.main(
         replace(cfg.transfer, run_dir=str(out / "student"), out_dir=str(out / "transfer"), wandb=cfg.wandb)
     )
     summary = {
+        "genesis_drive": {track: v["metrics"] for track, v in genesis.items()},
         "teacher": {"checkpoint": str(teacher_ckpt), **{k: v for k, v in teacher_summary.items() if k != "train_eval"}},
         "student": {"checkpoint": str(student_ckpt), **student_summary},
         "export": export_summary,
@@ -99,7 +118,8 @@ def main(cfg: DemoConfig) -> dict:
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2, default=str))
     console.rule("results")
     console.print(f"everything is in [bold]{out.resolve()}[/]:")
-    for name in ("teacher/", "student/", "export/", "real_log_sim.h5", "transfer/transfer.md", "summary.json"):
+    names = ("genesis_drive/", "teacher/", "student/", "export/", "real_log_sim.h5", "transfer/transfer.md")
+    for name in (*names, "summary.json"):
         console.print(f"  {out.resolve() / name}")
     return summary
 
@@ -107,6 +127,10 @@ def main(cfg: DemoConfig) -> dict:
 PRESETS = {
     "default": ("teacher ~3 min, 5 DAgger rounds, export, deployment loop, transfer report", DemoConfig()),
     "smoke": ("every stage in seconds (checks the wiring)", DemoConfig(
+        genesis_drive=replace(
+            drive_scripted.PRESETS["smoke"][1], eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),
+            camera_frames=2,
+        ),
         teacher=replace(train_teacher.PRESETS["smoke"][1]),
         student=distill_student.PRESETS["smoke"][1],
         drive_steps=10,

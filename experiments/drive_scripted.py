@@ -13,6 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from rich.console import Console
@@ -41,6 +42,8 @@ class DriveConfig:
     """pure-pursuit gains"""
     camera_frames: int = 12
     """camera frames in the strip (0 = no strip)"""
+    strip_camera: Literal["projective", "genesis"] = "projective"
+    """camera of the strip: the ray-cast camera or the Genesis-rendered scene"""
     out_dir: str = "outputs/scripted"
     """where plots and summary.json go"""
 
@@ -50,7 +53,7 @@ def camera_strip(cfg: DriveConfig, track: str, driver_cfg: PurePursuitConfig, ou
     if cfg.camera_frames <= 0:
         return None
     rnd = replace(cfg.env.randomization, random_start=False, direction="forward")
-    env_cfg = replace(cfg.env, track=track, num_envs=1, camera="projective", randomization=rnd, compile=False)
+    env_cfg = replace(cfg.env, track=track, num_envs=1, camera=cfg.strip_camera, randomization=rnd, compile=False)
     env = RacingEnv(env_cfg)
     driver = PurePursuitDriver(
         env.action_space, env_cfg.car, env_cfg.obs.lookahead_points, env_cfg.obs.lookahead_spacing, driver_cfg
@@ -62,7 +65,8 @@ def camera_strip(cfg: DriveConfig, track: str, driver_cfg: PurePursuitConfig, ou
             frames.append(obs["camera"][0].cpu().numpy())
             captions.append(f"t={t * env_cfg.dt:.1f}s")
         obs, *_ = env.step(driver.act(obs))
-    return save_frame_strip(np.stack(frames), out / f"{track}_camera.png", captions)
+    env.close()
+    return save_frame_strip(np.stack(frames), out / f"{track}_{cfg.strip_camera}_camera.png", captions)
 
 
 def main(cfg: DriveConfig) -> dict:
@@ -117,6 +121,15 @@ def main(cfg: DriveConfig) -> dict:
 
 PRESETS = {
     "default": ("all built-in tracks, 4 start points, both directions, 2 laps", DriveConfig()),
+    "genesis": (
+        "the contact-wheel Genesis car on every built-in track, both directions, with a Genesis-rendered strip",
+        DriveConfig(
+            env=EnvConfig(physics="genesis"),
+            eval=EvalConfig(start_points=4, laps=2),
+            strip_camera="genesis",
+            out_dir="outputs/scripted_genesis",
+        ),
+    ),
     "smoke": (
         "one track, 2 start points, 1 lap, nominal physics",
         DriveConfig(

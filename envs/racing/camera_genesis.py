@@ -109,9 +109,6 @@ class GenesisCamera:
         device: str | torch.device = "cpu",
         genesis: GenesisConfig | None = None,
     ) -> None:
-        if cfg.hfov_deg > 150.0:
-            raise ConfigError(f"env.camera=genesis renders through a pinhole first: camera.hfov_deg <= 150 (got "
-                              f"{cfg.hfov_deg}); use env.camera=projective for wider fisheye lenses")  # fmt: skip
         self.device = torch.device(device)
         self.warp = fisheye_grid(cfg).to(self.device) if cfg.lens == "fisheye" else None
         look = scene.cfg

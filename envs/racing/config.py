@@ -86,6 +86,20 @@ class EnvConfig:
             raise ConfigError(f"env.physics={self.physics!r}; use 'bicycle' or 'genesis'")
         if self.camera not in ("none", "projective", "genesis"):
             raise ConfigError(f"env.camera={self.camera!r}; use 'none', 'projective' or 'genesis'")
+        if self.physics == "genesis" and self.dt_physics > 1 / 60 + 1e-9:
+            raise ConfigError(
+                f"env.physics=genesis needs physics substeps of <= 1/60 s (got {self.dt_physics:.4f} s at "
+                f"env.substeps={self.substeps}); raise env.substeps or use env.physics=bicycle"
+            )
+        if self.camera == "genesis" and self.optics.hfov_deg > 150.0:
+            raise ConfigError(
+                f"env.camera=genesis renders through a pinhole first: optics.hfov_deg <= 150 (got "
+                f"{self.optics.hfov_deg}); use env.camera=projective for wider fisheye lenses"
+            )
+        if self.camera != "genesis" and self.physics != "genesis" and self.genesis != GenesisConfig():
+            raise ConfigError(
+                "env.genesis.* only applies to the Genesis backends; set env.physics=genesis or env.camera=genesis"
+            )
         if not self.start_points or not all(0.0 <= p < 1.0 for p in self.start_points):
             raise ConfigError(f"env.start_points={self.start_points!r}: need one or more lap fractions in [0, 1)")
 

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from envs.errors import ConfigError
+from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluate
 from envs.racing.observations import teacher_dim
+from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
 from envs.racing.rewards import TerminationConfig
 from teacher.pure_pursuit import PurePursuitDriver
@@ -139,6 +141,10 @@ def test_pure_pursuit_completes_laps_both_directions_under_randomization(track):
         (lambda: RandomizationConfig(action_noise_max=0.9), "randomization.action_noise_max"),
         (lambda: EnvConfig(start_points=(1.5,)), "env.start_points"),
         (lambda: TerminationConfig(episode_seconds=-1.0), "termination.episode_seconds"),
+        (lambda: EnvConfig(physics="genesis", substeps=2), "env.physics=genesis"),
+        (lambda: EnvConfig(camera="genesis", optics=CameraConfig(lens="fisheye", hfov_deg=160.0)), "optics.hfov_deg"),
+        (lambda: EnvConfig(genesis=GenesisConfig(performance_mode=True)), "env.genesis"),
+        (lambda: GenesisConfig(msaa_samples=3), "genesis.msaa_samples"),
     ],
 )
 def test_out_of_range_config_names_the_field(make, field):

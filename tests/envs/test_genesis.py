@@ -78,6 +78,15 @@ def test_masked_reset_leaves_other_envs(physics):
     assert torch.allclose(after.x[keep], before.x[keep]) and torch.allclose(after.yaw[keep], before.yaw[keep])
 
 
+def test_one_genesis_mode_per_process(physics):
+    from envs.errors import ConfigError
+    from envs.racing.physics_genesis import GenesisConfig, init_genesis
+
+    assert init_genesis(torch.device("cpu"), GenesisConfig()) is physics.gs
+    with pytest.raises(ConfigError, match="performance_mode"):
+        init_genesis(torch.device("cpu"), GenesisConfig(performance_mode=True))
+
+
 def test_env_with_genesis_physics_and_camera():
     from envs.racing.env import RacingEnv
 

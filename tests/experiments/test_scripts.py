@@ -26,7 +26,7 @@ def test_drive_scripted_smoke(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["oval"]["metrics"]["lap_completion"] == 1.0
     assert (tmp_path / "oval_trajectories.png").stat().st_size > 10_000
-    assert (tmp_path / "oval_camera.png").stat().st_size > 5_000
+    assert (tmp_path / "oval_projective_camera.png").stat().st_size > 5_000
 
 
 def test_benchmark_smoke(tmp_path):
