@@ -198,6 +198,7 @@ class GenesisPhysics:
                  "front_right_spin")  # fmt: skip
         j = {name: self.car.get_joint(name).dofs_idx_local[0] for name in names}
         self.steer_dofs = [j["front_left_steer"], j["front_right_steer"]]
+        self.steer_qs = [self.car.get_joint(n).qs_idx_local[0] for n in ("front_left_steer", "front_right_steer")]
         self.drive_dofs = [j["rear_left_spin"], j["rear_right_spin"]]
         self.free_dofs = [j["front_left_spin"], j["front_right_spin"]]
         if self.spec.drivetrain == "all":
@@ -272,19 +273,20 @@ class GenesisPhysics:
 
     def pose(self) -> Tensor:
         """`(N, 3)` world pose (x, y, yaw) of every car, without the velocities."""
-        pos = self.car.get_pos()
-        return torch.stack([pos[:, 0], pos[:, 1], yaw_from_quat(self.car.get_quat())], -1).to(self.device)
+        qpos = self.car.get_qpos()
+        return torch.stack([qpos[:, 0], qpos[:, 1], yaw_from_quat(qpos[:, 3:7])], -1).to(self.device)
 
     def _read_state(self) -> CarState:
-        pos = self.car.get_pos()
-        yaw = yaw_from_quat(self.car.get_quat())
-        vel, ang = self.car.get_vel(), self.car.get_ang()
+        # Two reads of the solver: the configuration (free base position and wxyz quaternion first, then the joints)
+        # and the dof velocities (free base: world linear velocity, then angular velocity; yaw rate about z).
+        qpos, qvel = self.car.get_qpos(), self.car.get_dofs_velocity()
+        yaw = yaw_from_quat(qpos[:, 3:7])
         c, s = torch.cos(yaw), torch.sin(yaw)
-        steer = self.car.get_dofs_position(self.steer_dofs).mean(-1)
+        steer = qpos[:, self.steer_qs].mean(-1)
         return CarState(
-            pos[:, 0].to(self.device), pos[:, 1].to(self.device), yaw.to(self.device),
-            (c * vel[:, 0] + s * vel[:, 1]).to(self.device), (-s * vel[:, 0] + c * vel[:, 1]).to(self.device),
-            ang[:, 2].to(self.device), steer.to(self.device),
+            qpos[:, 0].to(self.device), qpos[:, 1].to(self.device), yaw.to(self.device),
+            (c * qvel[:, 0] + s * qvel[:, 1]).to(self.device), (-s * qvel[:, 0] + c * qvel[:, 1]).to(self.device),
+            qvel[:, 5].to(self.device), steer.to(self.device),
         )  # fmt: skip
 
     def state_dict(self) -> dict[str, Tensor]:
