@@ -2,7 +2,7 @@
 
     python -m experiments.ablate student --teacher runs/teacher/checkpoints/iter_000400.pt \\
         --variants base beta-zero no-history no-augment
-    python -m experiments.ablate teacher --variants base no-reverse no-random-start no-noise no-dropout
+    python -m experiments.ablate teacher --variants base no-reverse no-random-start no-noise dropout-0.3
 
 Each variant is a set of field overrides of the stage's config (see VARIANTS); the DeepRacer team's findings map
 onto them (reversed direction, random starts, action noise, augmentation types, dropout, entropy, max throttle).
@@ -36,7 +36,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "no-random-start": {"env.randomization.random_start": False},
         "no-noise": {"env.randomization.action_noise": False},
         "no-latency": {"env.randomization.action_latency": False, "env.randomization.camera_latency": False},
-        "no-dropout": {"policy.dropout": 0.0},
+        "dropout-0.3": {"policy.dropout": 0.3},
         "entropy-0.01": {"ppo.entropy_coef": 0.01},
         "fast-throttle": {"env.action_space": "fast-throttle"},
     },
