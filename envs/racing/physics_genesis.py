@@ -27,6 +27,7 @@ _GS_STATE: dict[str, object] = {}
 
 WHEEL_WIDTH = 0.025
 WHEEL_MASS = 0.05
+KNUCKLE_MASS = 0.01
 CHASSIS_SIZE = (0.26, 0.15, 0.05)
 # Battery, board and motor sit on the chassis plate: the centre of mass is about at axle height (~4 cm above the
 # floor), which keeps the car's rollover threshold (half track / CG height ~2 g) above its grip, as on the real car.
@@ -78,7 +79,7 @@ def car_urdf(spec: CarSpec) -> str:
     its tyres on the floor."""
     lf, lr, half = spec.cg_to_front, spec.cg_to_rear, spec.track_width / 2
     r, w = spec.wheel_radius, WHEEL_WIDTH
-    chassis_mass = spec.mass - 4 * WHEEL_MASS
+    chassis_mass = spec.mass - 4 * WHEEL_MASS - 2 * KNUCKLE_MASS  # the whole car weighs spec.mass
     cx, cy, cz = CHASSIS_SIZE
     iz = chassis_mass * (cx**2 + cy**2) / 12
     ix, iy = chassis_mass * (cy**2 + cz**2) / 12, chassis_mass * (cx**2 + cz**2) / 12
@@ -96,7 +97,7 @@ def car_urdf(spec: CarSpec) -> str:
     def knuckle(name: str) -> str:
         return f"""
   <link name="{name}">
-    <inertial><mass value="0.01"/><inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
+    <inertial><mass value="{KNUCKLE_MASS}"/><inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
   </link>"""
 
     def joint(name, kind, parent, child, xyz, axis, limit=""):
@@ -219,7 +220,7 @@ class GenesisPhysics:
         self.car.set_dofs_force_range(-limit, limit, self.drive_dofs)
         if self.free_dofs:
             self.car.set_dofs_damping(torch.full((len(self.free_dofs),), 1e-4), self.free_dofs)
-        self.base_masses = self.car.get_links_mass() if hasattr(self.car, "get_links_mass") else None
+        self.total_mass = float(self.car.get_links_mass().reshape(-1, self.car.n_links)[0].sum())
         self.params = CarParams.nominal(self.num_envs, self.device)
         self.speed_state = torch.zeros(self.num_envs, device=self.device)  # motor lag state
         self._state: CarState | None = None  # read from the solver on demand (see `state`)
@@ -250,10 +251,9 @@ class GenesisPhysics:
         ids = env_ids.to(self.device)
         ratio = (self.params.friction[ids] / 1.0)[:, None].expand(-1, len(self.wheel_links))
         self.car.set_friction_ratio(ratio, self.wheel_links, envs_idx=ids)
-        if self.base_masses is not None:
-            base = torch.as_tensor(self.base_masses, device=self.device).reshape(-1)[: self.car.n_links]
-            masses = base[None, :] * self.params.mass_scale[ids][:, None]
-            self.car.set_links_mass(masses, envs_idx=ids)
+        # The whole car scales, the inertia of every link with its mass (a heavier car of the same shape), as the
+        # bicycle model scales mass and yaw inertia together.
+        self.car.set_mass(self.total_mass * self.params.mass_scale[ids], envs_idx=ids)
 
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         """One physics substep; returns the new state."""

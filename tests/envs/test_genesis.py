@@ -68,6 +68,23 @@ def test_friction_changes_sliding_at_speed(physics):
     assert lat[0] == pytest.approx(kinematic, rel=0.15) and lat[0] > lat[3]
 
 
+def test_mass_randomization_scales_each_car_with_its_inertia(physics):
+    """Per-env mass scale: every link's mass and inertia scale by it (a heavier car of the same shape); a second
+    episode's scale applies to the nominal car, not on top of the previous one."""
+    car, ids = physics.car, torch.arange(4)
+    nominal_mass, nominal_inertia = car.get_links_mass()[0].clone(), car.get_links_inertia()[0].clone()
+    params = CarParams.nominal(4)
+    for scale in ([1.0, 0.85, 1.2, 1.5], [1.0, 1.2, 0.9, 1.5]):
+        params.mass_scale.copy_(torch.tensor(scale))
+        physics.set_params(params, ids)
+        mass, inertia = car.get_links_mass(), car.get_links_inertia()
+        for i, k in enumerate(scale):
+            assert torch.allclose(mass[i], nominal_mass * k, rtol=1e-4), (i, k)
+            assert torch.allclose(inertia[i], nominal_inertia * k, rtol=1e-4, atol=1e-9), (i, k)
+    assert float(mass[0].sum()) == pytest.approx(CFG.car.mass, rel=1e-4)
+    physics.set_params(CarParams.nominal(4), ids)
+
+
 def test_masked_reset_leaves_other_envs(physics):
     run(physics, [0.2] * 4, [1.0] * 4, seconds=1.0)
     before = physics.state.clone()
