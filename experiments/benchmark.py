@@ -73,7 +73,7 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
     if "genesis" in (physics, camera):
         # Timed apart from the build: importing Genesis takes seconds, and its engine modules (imported lazily by
         # the first scene of a process) another one or two; both are paid once per process, not per env.
-        import genesis  # noqa: F401
+        import genesis
         import genesis.engine.simulator  # noqa: F401
     imported = time.perf_counter()
     env = RacingEnv(env_cfg)

@@ -97,7 +97,8 @@ def car_urdf(spec: CarSpec) -> str:
     def knuckle(name: str) -> str:
         return f"""
   <link name="{name}">
-    <inertial><mass value="{KNUCKLE_MASS}"/><inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
+    <inertial><mass value="{KNUCKLE_MASS}"/>
+      <inertia ixx="1e-6" iyy="1e-6" izz="1e-6" ixy="0" ixz="0" iyz="0"/></inertial>
   </link>"""
 
     def joint(name, kind, parent, child, xyz, axis, limit=""):
