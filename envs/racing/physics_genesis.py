@@ -12,7 +12,9 @@ of seconds, cached under ~/.cache); later builds in the same or another process 
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -51,6 +53,40 @@ class GenesisConfig:
             raise ConfigError(f"genesis.msaa_samples={self.msaa_samples}; use 0 (off), 2 or 4")
 
 
+class _CpuName:
+    """Stands in for py-cpuinfo while `gs.init` runs: the name of the CPU from /proc/cpuinfo (or `platform`)."""
+
+    @staticmethod
+    def get_cpu_info() -> dict[str, str]:
+        name = ""
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        return {"brand_raw": name or platform.processor() or platform.machine() or "cpu"}
+
+
+@contextmanager
+def _cpu_name_without_subprocess():
+    """`gs.init` on the CPU backend asks py-cpuinfo for the CPU's name, for its start-up banner only, and py-cpuinfo
+    answers from a Python subprocess: about 1.2 s of every Genesis start-up. The name is read from /proc/cpuinfo
+    instead while `gs.init` runs; where Genesis no longer looks the name up that way, nothing is replaced."""
+    import genesis.utils.misc as gs_misc
+
+    original = getattr(gs_misc, "cpuinfo", None)
+    if original is None or not hasattr(original, "get_cpu_info"):
+        yield
+        return
+    gs_misc.cpuinfo = _CpuName
+    try:
+        yield
+    finally:
+        gs_misc.cpuinfo = original
+
+
 def init_genesis(device: torch.device, cfg: GenesisConfig | None = None) -> object:
     """`gs.init` once per process, on the CPU backend (or CUDA when the env lives on a GPU)."""
     cfg = cfg or GenesisConfig()
@@ -66,7 +102,8 @@ def init_genesis(device: torch.device, cfg: GenesisConfig | None = None) -> obje
     except ImportError as err:  # pragma: no cover - genesis is a core dependency
         raise ConfigError(f"env.physics=genesis needs genesis-world ({err})") from None
     backend = gs.gpu if device.type == "cuda" else gs.cpu
-    gs.init(backend=backend, precision="32", logging_level="warning", performance_mode=cfg.performance_mode, seed=0)
+    with _cpu_name_without_subprocess():
+        gs.init(backend=backend, precision="32", logging_level="warning", performance_mode=cfg.performance_mode, seed=0)
     _GS_STATE["gs"], _GS_STATE["performance_mode"] = gs, cfg.performance_mode
     return gs
 

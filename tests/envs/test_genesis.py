@@ -145,3 +145,16 @@ def test_reality_proxy_env_builds_renders_and_steps():
         obs, rew, dones, _ = env.step(torch.full((2,), 7, dtype=torch.long))
     assert env.physics.state.speed.min() > 0.3 and env.world.battery.max() < 1.0
     env.close()
+
+
+def test_genesis_start_up_names_the_cpu_without_a_subprocess(physics):
+    """`init_genesis` hands Genesis the CPU's name from /proc/cpuinfo during `gs.init` and puts py-cpuinfo back."""
+    import cpuinfo
+    import genesis.utils.misc as gs_misc
+
+    from envs.racing.physics_genesis import _cpu_name_without_subprocess, _CpuName
+
+    assert _CpuName.get_cpu_info()["brand_raw"]
+    with _cpu_name_without_subprocess():
+        assert gs_misc.cpuinfo is _CpuName
+    assert gs_misc.cpuinfo is cpuinfo
