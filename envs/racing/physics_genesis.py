@@ -258,7 +258,9 @@ class GenesisPhysics:
         self.car.set_dofs_force_range(-limit, limit, self.drive_dofs)
         if self.free_dofs:
             self.car.set_dofs_damping(torch.full((len(self.free_dofs),), 1e-4), self.free_dofs)
-        self.total_mass = float(self.car.get_links_mass().reshape(-1, self.car.n_links)[0].sum())
+        # Nominal link masses (every env is still at them here); `set_params` scales them per env.
+        self.nominal_masses = self.car.get_links_mass().reshape(-1, self.car.n_links)[0].clone()
+        self.car_links = list(range(self.car.link_start, self.car.link_start + self.car.n_links))
         self.params = CarParams.nominal(self.num_envs, self.device)
         self.speed_state = torch.zeros(self.num_envs, device=self.device)  # motor lag state
         self._state: CarState | None = None  # read from the solver on demand (see `state`)
@@ -291,7 +293,8 @@ class GenesisPhysics:
         self.car.set_friction_ratio(ratio, self.wheel_links, envs_idx=ids)
         # The whole car scales, the inertia of every link with its mass (a heavier car of the same shape), as the
         # bicycle model scales mass and yaw inertia together.
-        self.car.set_mass(self.total_mass * self.params.mass_scale[ids], envs_idx=ids)
+        masses = self.nominal_masses[None, :] * self.params.mass_scale[ids][:, None]
+        self.car.solver.set_links_mass(masses, self.car_links, envs_idx=ids, scale_inertia=True)
 
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         """One physics substep; returns the new state."""
