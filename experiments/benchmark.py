@@ -94,6 +94,8 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
         "seconds": elapsed,
         "env_steps_per_s": num_envs * steps / elapsed,
         "build_seconds": build,
+        "physics_startup_seconds": env.startup_seconds["physics"],
+        "camera_startup_seconds": env.startup_seconds["camera"],
         "import_seconds": imported - start,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }

@@ -10,6 +10,7 @@ per-episode metrics of the envs that finished this step.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from tensordict import TensorDict
@@ -73,7 +74,11 @@ class RacingEnv:
         self.optimal_lap_time = self.track.optimal_lap_time(
             mu=1.0, a_accel=cfg.car.max_accel, a_brake=cfg.car.max_brake, v_max=self.max_speed
         )
+        started = time.perf_counter()
         self.physics = make_physics(cfg, self.device, self.track)
+        # Seconds each backend took to start (Genesis: `gs.init` and the scene build), apart from the rest of
+        # construction (the first reset, and torch.compile of the hot paths when `compile` is on).
+        self.startup_seconds = {"physics": time.perf_counter() - started, "camera": 0.0}
         # Full-batch hot paths (fixed shapes, so each compiles once); resets use the eager functions.
         self._project_all = maybe_compile(self.track.project, cfg.compile)
         self._teacher_obs = maybe_compile(teacher_observation, cfg.compile)
@@ -82,7 +87,9 @@ class RacingEnv:
             self._user_reward = load_reward_function(cfg.reward.deepracer_function)
             self._deepracer_params = DeepRacerParams(self.track)
         self.scene = TrackScene(self.track, cfg.scene, self.device) if cfg.camera != "none" else None
+        started = time.perf_counter()
         self.camera = self._make_camera() if cfg.camera != "none" else None
+        self.startup_seconds["camera"] = time.perf_counter() - started
         self.effects = None
         if cfg.effects.active:
             self.effects = ActuatorEffects(cfg.effects, self.num_envs, cfg.dt_physics, self.max_speed, self.device)
