@@ -152,7 +152,7 @@ def main(cfg: DistillConfig) -> dict:
 
 
 PRESETS = {
-    "default": ("10 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),
+    "default": ("14 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),
     "smoke": ("2 tiny rounds (checks the pipeline)", DistillConfig(
         dagger=DaggerConfig(rounds=2, envs=4, steps_per_round=20, train_steps=2, batch_windows=2, labels_per_window=4),
         eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),

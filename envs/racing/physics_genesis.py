@@ -245,8 +245,14 @@ class GenesisPhysics:
         self.free_dofs = [j["front_left_spin"], j["front_right_spin"]]
         if self.spec.drivetrain == "all":
             self.drive_dofs, self.free_dofs = self.drive_dofs + self.free_dofs, []
-        self.wheel_links = [self.car.get_link(n).idx_local for n in (
-            "front_left_wheel", "front_right_wheel", "rear_left_wheel", "rear_right_wheel")]  # fmt: skip
+        wheels = [self.car.get_link(n) for n in ("front_left_wheel", "front_right_wheel", "rear_left_wheel",
+                                                  "rear_right_wheel")]  # fmt: skip
+        # The tyres' collision geoms (solver indices), written straight through the solver: the entity's
+        # `set_friction_ratio` spreads link values over geoms with an int32 `repeat_interleave`, which takes ~6 ms
+        # per call on the CPU (int64 repeats: ~20 us), a quarter of a 256-env control step with resets.
+        self.wheel_geoms = [g for link in wheels for g in range(link.geom_start, link.geom_end)]
+        if len(self.wheel_geoms) != len(wheels):
+            raise RuntimeError(f"expected one collision geom per wheel, got {len(self.wheel_geoms)} for 4 wheels")
         self.car.set_dofs_kp(torch.full((2,), 20.0), self.steer_dofs)
         self.car.set_dofs_kv(torch.full((2,), 0.5), self.steer_dofs)
         self.car.set_dofs_kv(torch.full((len(self.drive_dofs),), 0.05), self.drive_dofs)
@@ -289,8 +295,8 @@ class GenesisPhysics:
         for f in fields(CarParams):
             getattr(self.params, f.name)[env_ids] = getattr(params, f.name)[env_ids]
         ids = env_ids.to(self.device)
-        ratio = (self.params.friction[ids] / 1.0)[:, None].expand(-1, len(self.wheel_links))
-        self.car.set_friction_ratio(ratio, self.wheel_links, envs_idx=ids)
+        ratio = self.params.friction[ids][:, None].expand(-1, len(self.wheel_geoms))
+        self.car.solver.set_geoms_friction_ratio(ratio, self.wheel_geoms, envs_idx=ids)
         # The whole car scales, the inertia of every link with its mass (a heavier car of the same shape), as the
         # bicycle model scales mass and yaw inertia together.
         masses = self.nominal_masses[None, :] * self.params.mass_scale[ids][:, None]
