@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from envs.augment import AugmentConfig
-from envs.config_io import write_text_atomic
+from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError
 from experiments import distill_student, train_teacher
 from experiments.cli import run
@@ -88,32 +87,59 @@ class AblateConfig:
     """base student run (every variant gets the same budget)"""
     out_dir: str = "runs/ablation"
     """one run directory per variant under here, plus ablation.json / ablation.md"""
+    wandb: WandbConfig = field(default_factory=lambda: WandbConfig(mode="offline"))
+    """W&B settings of every variant's run (each gets the group `ablation-<stage>` and its name as a tag)"""
+
+
+def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
+    """One table row from a run's `eval.json` summary."""
+    if stage == "teacher":
+        m = summary[f"eval/{track}"]
+        row = {k: m[k] for k in ("lap_completion", "forward/lap_completion", "reverse/lap_completion")}
+        row |= {k: m[k] for k in ("lap_completion_ci_low", "lap_completion_ci_high", "lap_time_ratio")}
+        row["minutes"] = summary["wall_minutes"]
+        return row
+    s, t = summary["student"], summary["teacher"]
+    return {
+        "lap_completion": s["lap_completion"],
+        "forward/lap_completion": s["forward/lap_completion"],
+        "reverse/lap_completion": s["reverse/lap_completion"],
+        "lap_completion_ci_low": s["lap_completion_ci_low"],
+        "lap_completion_ci_high": s["lap_completion_ci_high"],
+        "completion_vs_teacher": summary["completion_ratio"],
+        "lap_time_vs_teacher": summary["lap_time_ratio_vs_teacher"],
+        "teacher_lap_completion": t["lap_completion"],
+        "offtrack_count": s["offtrack_count"],
+        "dagger_minutes": summary["dagger_minutes"],
+    }
 
 
 def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
+    """Train one variant, or read it back: a finished variant (its `eval.json` written under the same config) is not
+    run again, and one that was stopped part-way resumes from its latest checkpoint, so a killed ablation continues
+    where it stopped."""
     overrides = VARIANTS[cfg.stage][name]
-    wandb = WandbConfig(mode="offline", group=f"ablation-{cfg.stage}", tags=(name,))
-    t0 = time.time()
+    wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=(name,))
+    run_dir = Path(cfg.out_dir) / name
     if cfg.stage == "teacher":
-        run_cfg = apply_overrides(cfg.teacher_cfg, overrides)
-        summary = train_teacher.main(replace(run_cfg, run_dir=str(Path(cfg.out_dir) / name), wandb=wandb))
-        m = summary[f"eval/{run_cfg.env.track}"]
-        row = {
-            k: m[k] for k in ("lap_completion", "forward/lap_completion", "reverse/lap_completion", "lap_time_ratio")
-        }
+        stage, base = train_teacher, apply_overrides(cfg.teacher_cfg, overrides)
+        has_checkpoint = any((run_dir / "checkpoints").glob("iter_*.pt"))
     else:
-        run_cfg = apply_overrides(replace(cfg.student_cfg, teacher=cfg.teacher), overrides)
-        summary = distill_student.main(replace(run_cfg, run_dir=str(Path(cfg.out_dir) / name), wandb=wandb))
-        s, t = summary["student"], summary["teacher"]
-        row = {
-            "lap_completion": s["lap_completion"],
-            "completion_vs_teacher": summary["completion_ratio"],
-            "lap_time_vs_teacher": summary["lap_time_ratio_vs_teacher"],
-            "teacher_lap_completion": t["lap_completion"],
-            "offtrack_count": s["offtrack_count"],
-        }
-    row["minutes"] = (time.time() - t0) / 60.0
-    return row
+        stage, base = distill_student, apply_overrides(replace(cfg.student_cfg, teacher=cfg.teacher), overrides)
+        has_checkpoint = any((run_dir / "checkpoints").glob("round_*.pt"))
+    run_cfg = replace(base, run_dir=str(run_dir), wandb=wandb, resume="")
+    resumed_cfg = replace(run_cfg, resume=str(run_dir))
+    track = run_cfg.env.track if cfg.stage == "teacher" else ""
+    written = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else None
+    if written is not None and written not in (to_yaml(run_cfg), to_yaml(resumed_cfg)):
+        raise ConfigError(
+            f"ablation variant {name!r}: {run_dir} holds a run with another configuration; "
+            "use another --out-dir (or remove that directory) to run this one"
+        )
+    if written is not None and (run_dir / "eval.json").exists():
+        return _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
+    summary = stage.main(resumed_cfg if has_checkpoint else run_cfg)
+    return _row(cfg.stage, summary, track)
 
 
 def main(cfg: AblateConfig) -> dict:
@@ -128,7 +154,12 @@ def main(cfg: AblateConfig) -> dict:
     table.add_column("variant")
     for c in cols:
         table.add_column(c)
-    lines = ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    if cfg.stage == "student":
+        budget = f"{cfg.student_cfg.dagger.rounds} DAgger rounds each, teacher {cfg.teacher}"
+    else:
+        budget = f"{cfg.teacher_cfg.trainer.iterations} PPO iterations each"
+    lines = [f"{cfg.stage} ablation, {budget}", ""]
+    lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, row in results.items():
         cells = [f"{row[c]:.3f}" for c in cols]
         table.add_row(name, *cells)

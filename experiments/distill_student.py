@@ -129,7 +129,7 @@ def main(cfg: DistillConfig) -> dict:
         "lap_time_ratio_vs_teacher": s_metrics["lap_time"] / t_metrics["lap_time"],
         "rounds": distiller.round,
         "samples": distiller.samples,
-        "dagger_minutes": getattr(distiller, "wall_minutes", float("nan")),
+        "dagger_minutes": distiller.wall_minutes,
         "history": distiller.history,
     }
     write_text_atomic(run_dir / "eval.json", json.dumps(summary, indent=2))

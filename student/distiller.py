@@ -83,6 +83,7 @@ class Distiller:
         obs = self.env.get_observations()
         self.schema = rollout_schema(self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1])
         self.round, self.episodes, self.samples = 0, 0, 0
+        self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
         self.history: list[dict[str, float]] = []
         self.aug_generator = torch.Generator().manual_seed(dagger_cfg.seed + 1)
         self.mix_generator = torch.Generator().manual_seed(dagger_cfg.seed + 2)
@@ -187,7 +188,7 @@ class Distiller:
     # ---------------------------------------------------------------------------------------------- loop
     def run(self, show_progress: bool = True) -> dict[str, float]:
         cfg = self.cfg
-        start = time.time()
+        start = time.time() - 60.0 * self.wall_minutes  # wall time counts across resumes (the budget is the run's)
         last: dict[str, float] = {}
         progress = Progress(
             TextColumn("[bold]DAgger"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -207,6 +208,7 @@ class Distiller:
                 metrics["dagger/round"] = float(self.round)
                 self.round += 1
                 self.history.append({"round": self.round, "samples": self.samples, **last})
+                self.wall_minutes = (time.time() - start) / 60.0
                 self.log(metrics, self.samples)
                 self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
                 status = f"laps {last['lap_completion']:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
@@ -224,6 +226,7 @@ class Distiller:
             "round": self.round,
             "episodes": self.episodes,
             "samples": self.samples,
+            "wall_minutes": self.wall_minutes,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
@@ -264,6 +267,7 @@ class Distiller:
         self.np_rng.bit_generator.state = json.loads(data["generators"]["numpy"])
         self.env.load_state_dict(data["env_state"])
         self.round, self.episodes, self.samples = int(data["round"]), int(data["episodes"]), int(data["samples"])
+        self.wall_minutes = float(data.get("wall_minutes", 0.0))  # checkpoints from before it was recorded: 0
         self.history = json.loads(data["history"])
         # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
         manifest = json.loads(data["manifest"])

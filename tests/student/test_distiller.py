@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from datasets.checkpoints import CheckpointError
 from datasets.rollouts import read_manifest
 from envs.augment import AugmentConfig
+from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
 from student.dagger import DaggerConfig
@@ -117,3 +119,42 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "reality.friction" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):
+    from experiments import ablate, distill_student
+    from experiments.wandb_logger import WandbConfig
+
+    base = replace(distill_student.PRESETS["smoke"][1], student=STUDENT, dagger=DAGGER, augment=AugmentConfig())
+    cfg = ablate.AblateConfig(
+        stage="student", variants=("base", "beta-zero"), teacher=str(teacher_path), student_cfg=base,
+        out_dir=str(tmp_path), wandb=WandbConfig(mode="disabled"),
+    )  # fmt: skip
+    calls = []
+    real_main = distill_student.main
+
+    def spy(run_cfg):
+        calls.append((Path(run_cfg.run_dir).name, run_cfg.resume, run_cfg.dagger.beta))
+        return real_main(run_cfg)
+
+    monkeypatch.setattr(distill_student, "main", spy)
+    first = ablate.main(cfg)
+    assert [(name, resume, beta) for name, resume, beta in calls] == [("base", "", "lbc"), ("beta-zero", "", "zero")]
+    assert 0.0 <= first["beta-zero"]["lap_completion"] <= 1.0
+    assert first["base"]["dagger_minutes"] > 0.0
+    table = (tmp_path / "ablation.md").read_text()
+    assert "| base |" in table and "| beta-zero |" in table and "2 DAgger rounds each" in table
+
+    # Finished variants are read back; one whose summary is missing resumes from its latest checkpoint.
+    calls.clear()
+    (tmp_path / "beta-zero" / "eval.json").unlink()
+    again = ablate.main(cfg)
+    assert calls == [("beta-zero", str(tmp_path / "beta-zero"), "zero")]
+    assert json.dumps(again["base"]) == json.dumps(first["base"])  # (NaN lap-time ratios when nobody finishes)
+    assert json.loads((tmp_path / "ablation.json").read_text())["base"].keys() == first["base"].keys()
+
+    # Another budget in the same directory is refused, naming the variant.
+    with pytest.raises(ConfigError, match="variant 'base'.*another configuration"):
+        ablate.main(replace(cfg, student_cfg=replace(base, dagger=replace(DAGGER, rounds=3))))
+    with pytest.raises(ConfigError, match="unknown student variants"):
+        ablate.main(replace(cfg, variants=("base", "no-such-variant")))
