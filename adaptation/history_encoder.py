@@ -92,9 +92,19 @@ class HistoryEncoder(nn.Module):
             for block in self.blocks:
                 h = block(h)
             return h[:, :, context:].transpose(1, 2)
-        h0 = torch.zeros(1, x.shape[0], self.cfg.channels, device=x.device)
-        out, _ = self.gru(x, h0)
-        return out
+        # GRU: a window's padding is a prefix (the steps before its episode start). Running the GRU through it would
+        # leave a non-zero hidden state at the episode start (a GRU with zero input drifts by its biases), while a
+        # reset deployment state is zero; so each row is shifted left to start at its first real step, run from
+        # zero, and shifted back. Outputs on padded steps are zero (they carry no loss).
+        b, t, _ = x.shape
+        pad = (~mask).sum(1, keepdim=True)  # (B, 1)
+        pos = torch.arange(t, device=x.device)[None, :]
+        src = (pos + pad).clamp(max=t - 1)  # shifted step i reads real step i + pad
+        shifted = x.gather(1, src[..., None].expand(-1, -1, x.shape[-1])) * (pos + pad < t)[..., None]
+        h0 = torch.zeros(1, b, self.cfg.channels, device=x.device)
+        out, _ = self.gru(shifted, h0)
+        back = (pos - pad).clamp(min=0)  # real step i is shifted step i - pad
+        return out.gather(1, back[..., None].expand(-1, -1, out.shape[-1])) * mask[..., None]
 
     def heads(self, h: Tensor) -> dict[str, Tensor]:
         return {
