@@ -75,11 +75,15 @@ def test_visual_randomization_and_camera_latency():
     # Camera latency: the frame shows the pose of `camera_latency` substeps ago.
     rnd = RandomizationConfig(**{**NO_RANDOMIZATION.__dict__, "nominal_camera_latency_ms": 4 * 1000 / 60})
     env = RacingEnv(small_env_config(num_envs=1, camera="projective", randomization=rnd))
+    # 4 substeps of latency = one control frame: each frame shows the pose the car had one step earlier.
+    state = env.physics.state
+    start = previous = (state.x.clone(), state.y.clone(), state.yaw.clone())
     for _ in range(6):
         obs, *_ = env.step(torch.tensor([[5.0]]))
-    pose_then = env.pose_delay.read(torch.tensor([4]))[0]
-    direct = env.camera.render(pose_then[0:1], pose_then[1:2], pose_then[2:3], env.visuals)
-    assert torch.equal(obs["camera"], direct)
+        assert torch.equal(obs["camera"], env.camera.render(*previous, env.visuals))
+        state = env.physics.state
+        previous = (state.x.clone(), state.y.clone(), state.yaw.clone())
+    assert torch.hypot(state.x - start[0], state.y - start[1]).item() > 0.1, "the car has moved"
     now = env.physics.state
     current = env.camera.render(now.x, now.y, now.yaw, env.visuals)
     assert not torch.equal(obs["camera"], current)

@@ -64,4 +64,4 @@ def test_action_noise_scale_and_zero_scale_identity():
     assert torch.equal(s0, steer) and torch.equal(v0, speed)
     s1, v1 = action_noise(steer, speed, torch.full((10000,), 0.1), 0.5, gen)
     assert s1.abs().max() <= 0.05 + 1e-6 and s1.abs().max() > 0.045
-    assert (v1 / 2.0 - 1).abs().max() <= 0.1 + 1e-6
+    assert 0.09 < (v1 / 2.0 - 1).abs().max() <= 0.1 + 1e-6

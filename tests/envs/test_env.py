@@ -1,3 +1,4 @@
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -44,6 +45,13 @@ def test_env_factors_are_normalized_and_vary():
     f = env.get_observations()["env_factors"]
     assert f.min() >= -1.0 and f.max() <= 1.0
     assert (f.std(dim=0)[:8] > 0.01).all()  # every randomized factor varies; battery is constant in training
+    # The nominal world, by hand: friction 1.0 in (0.3, 1.5) -> 2 * 0.7 / 1.2 - 1; unit gains and scales in
+    # (0.5, 1.5) -> 0; no steering offset -> 0; no action noise -> -1; a full battery -> +1.
+    nominal = RacingEnv(small_env_config(num_envs=2)).get_observations()["env_factors"][0]
+    by_name = dict(zip(FACTOR_NAMES, nominal.tolist(), strict=True))
+    expected = {"friction": 2 * 0.7 / 1.2 - 1, "mass_scale": 0.0, "motor_gain": 0.0, "steering_gain": 0.0,
+                "steering_offset": 0.0, "action_noise": -1.0, "battery": 1.0}  # fmt: skip
+    assert {k: by_name[k] for k in expected} == pytest.approx(expected, abs=1e-6)
 
 
 def test_masked_reset_leaves_other_envs_untouched():
@@ -167,8 +175,13 @@ def test_unknown_track_and_mid_episode_shift():
 def test_compiled_env_matches_eager_closely():
     eager = RacingEnv(EnvConfig(num_envs=16, compile=False))
     comp = RacingEnv(EnvConfig(num_envs=16, compile=True))
-    for a in random_actions(eager, 20):
-        o1, r1, d1, _ = eager.step(a)
-        o2, r2, d2, _ = comp.step(a)
-    assert torch.equal(d1, d2)
-    assert torch.allclose(o1["teacher"], o2["teacher"], atol=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for a in random_actions(eager, 20):
+            o1, r1, d1, _ = eager.step(a)
+            o2, r2, d2, _ = comp.step(a)
+            assert torch.equal(d1, d2)
+            assert torch.allclose(r1, r2, atol=1e-4)
+            assert torch.allclose(o1["teacher"], o2["teacher"], atol=1e-3)
+    if any("torch.compile unavailable" in str(w.message) for w in caught):
+        pytest.skip("torch.compile cannot build here: the compiled env fell back to eager, nothing was compared")

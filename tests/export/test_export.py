@@ -138,9 +138,13 @@ def test_watchdog_repeats_late_frames_and_stops_on_camera_loss(exported, tmp_pat
     clock = FakeClock()
     sent: list[Command] = []
     log = RealLogWriter(tmp_path / "log.h5")
+    inferred = []
+    infer = runtime.infer
+    runtime.infer = lambda camera: inferred.append(1) or infer(camera)
     counts = drive(runtime, SlowSource(clock), sent.append, LoopConfig(stale_after=0.5), log, clock, clock.sleep)
     log.close()
     assert counts == {"steps": 6, "late": 1, "stopped": 1}
+    assert len(inferred) == 5, "the late frame is not run through the network: its command is a repeat"
     assert sent[2].action == sent[1].action and sent[2].steering_deg == sent[1].steering_deg
     assert sent[-1].safe_stop and sent[-1].speed == 0.0
     data = read_real_log(tmp_path / "log.h5")

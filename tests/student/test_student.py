@@ -67,6 +67,12 @@ def test_mixing_and_gating():
     gated, used = choose_actions(DaggerConfig(beta="exponential", gating=True, gate_threshold=0.2), 0, logits, teacher,
                                  torch.ones(n, 1), g)  # fmt: skip
     assert used.all(), "the teacher gives action 1 probability 0.3 >= 0.2: the student's action is accepted"
+    assert torch.equal(gated, torch.ones(n, 1))
+    assert torch.equal(executed[~by_student], teacher[~by_student])
+    gated, used = choose_actions(DaggerConfig(beta="exponential", gating=True, gate_threshold=0.2), 0, logits, teacher,
+                                 student, g)  # fmt: skip
+    assert not used.any(), "action 2 has teacher probability 0.1 < 0.2: rejected, and the teacher drives (beta = 1)"
+    assert torch.equal(gated, teacher)
 
 
 def test_distillation_loss_hand_example():

@@ -81,7 +81,7 @@ def test_evaluation_is_deterministic_under_a_fixed_seed(tmp_path):
     m1, r1, env = evaluate(policy, ENV, cfg)
     m2, r2, _ = evaluate(policy, ENV, cfg, env=env)  # the same env object again: re-seeded per evaluation
     assert json.dumps(m1, sort_keys=True) == json.dumps(m2, sort_keys=True)
-    assert all((a.path == b.path).all() for a, b in zip(r1, r2))
+    assert len(r1) == len(r2) == 4 and all((a.path == b.path).all() for a, b in zip(r1, r2))
 
 
 def test_wrong_checkpoints_are_refused(tmp_path):
