@@ -10,7 +10,6 @@ whose first `n_valid` rows are intact. `manifest.json` (rewritten atomically) li
 from __future__ import annotations
 
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from envs.config_io import write_text_atomic
 from envs.errors import GapbridgeError
 
 SCHEMA_VERSION = 1
@@ -117,11 +117,7 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> None:
-    path = Path(root) / MANIFEST
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{MANIFEST}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path)
+    write_text_atomic(Path(root) / MANIFEST, json.dumps(manifest, indent=2))
 
 
 def add_shard(root: str | Path, shard: str | Path, info: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -80,9 +81,17 @@ def from_yaml(cls: type[T], text: str, where: str = "config") -> T:
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same directory, fsynced, then an atomic rename: a
+    reader (or a process killed mid-write) sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

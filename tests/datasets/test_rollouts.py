@@ -135,9 +135,24 @@ def test_stager_keeps_episodes_contiguous():
         stager.add({k: np.zeros((3, *f.shape), dtype=f.dtype) for k, f in SCHEMA.items()})
 
 
-def test_manifest_is_json_and_rewritten_atomically(tmp_path):
+def test_manifest_is_json_and_rewritten_atomically(tmp_path, monkeypatch):
     for i in range(3):
         write_round(tmp_path, f"r{i}.h5", [(i, 4)])
     data = json.loads((tmp_path / "manifest.json").read_text())
     assert [s["file"] for s in data["shards"]] == ["r0.h5", "r1.h5", "r2.h5"]
+    assert not list(tmp_path.glob(".manifest.json.tmp*"))
+
+    # A rewrite that dies before its rename leaves the previous manifest whole (and no temporary file).
+    def killed(src, dst):
+        raise KeyboardInterrupt
+
+    before = (tmp_path / "manifest.json").read_text()
+    w = ShardWriter(tmp_path / "r3.h5", SCHEMA)
+    w.append(episode_rows(3, 4))
+    w.close()
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        add_shard(tmp_path, tmp_path / "r3.h5", {"rows": 4})
+    monkeypatch.undo()
+    assert (tmp_path / "manifest.json").read_text() == before
     assert not list(tmp_path.glob(".manifest.json.tmp*"))
