@@ -79,8 +79,17 @@ def test_stateless_variant_runs_on_stacked_frames(exported):
     info = json.loads((out / "export.json").read_text())
     sess = ort.InferenceSession(str(out / "student_stateless.onnx"), providers=["CPUExecutionProvider"])
     assert sess.get_inputs()[0].name == "FRONT_FACING_CAMERA"
-    probs = sess.run(None, {"FRONT_FACING_CAMERA": np.zeros((1, info["stateless_frames"], 120, 160), np.float32)})[0]
+    k = info["stateless_frames"]
+    frames = np.random.default_rng(0).integers(0, 256, (1, k, 120, 160)).astype(np.float32)
+    probs = sess.run(None, {"FRONT_FACING_CAMERA": frames})[0]
     assert probs.shape == (1, 10) and abs(probs.sum() - 1) < 1e-5
+    # The same K frames stepped through the torch model from a reset state, with zero previous actions.
+    model = exported[1].eval()
+    state = model.init_state(1)
+    with torch.no_grad():
+        for i in range(k):
+            logits, _, state = model.step(torch.from_numpy(frames[:, i : i + 1]) / 255.0, torch.zeros(1, 2), state)
+    np.testing.assert_allclose(probs, torch.softmax(logits, -1).numpy(), atol=1e-4)
 
 
 def test_runtime_refuses_broken_exports(exported, tmp_path):
