@@ -104,8 +104,13 @@ def test_npy_round_trip(tmp_path):
     assert np.allclose(loaded.waypoint_widths, 1.07, atol=1e-6)
     assert loaded.length == pytest.approx(track.length, rel=1e-4)
     # Inner border is on the loop's inside (this loop runs counter-clockwise: inside = left).
-    inner, center = rows[0, 2:4], rows[0, :2]
-    assert np.linalg.norm(inner - center) == pytest.approx(0.535, abs=1e-6)
+    inner, center, outer = rows[:-1, 2:4], rows[:-1, :2], rows[:-1, 4:6]
+    assert np.linalg.norm(inner[0] - center[0]) == pytest.approx(0.535, abs=1e-6)
+    tangent = np.roll(center, -1, axis=0) - center
+    cross = lambda a, b: a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]  # noqa: E731
+    assert (cross(tangent, inner - center) > 0).all() and (cross(tangent, outer - center) < 0).all()
+    x, y = center[:, 0], center[:, 1]
+    assert 0.5 * np.sum(x * np.roll(y, -1) - np.roll(x, -1) * y) > 0, "counter-clockwise loop"
 
 
 def test_npy_width_from_borders_and_open_loop(tmp_path):
