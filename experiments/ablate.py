@@ -57,6 +57,15 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+SHORT = {
+    "lap_completion": "laps", "forward/lap_completion": "fwd", "reverse/lap_completion": "rev",
+    "lap_completion_ci_low": "CI lo", "lap_completion_ci_high": "CI hi", "completion_vs_teacher": "laps/teacher",
+    "lap_time_vs_teacher": "time/teacher", "teacher_lap_completion": "teacher", "offtrack_count": "off",
+    "dagger_minutes": "min", "lap_time_ratio": "time/opt", "minutes": "min",
+}  # fmt: skip
+"""terminal column headers (the Markdown and JSON keep the full names)"""
+
+
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """Frozen-dataclass `replace` along dotted paths, e.g. {"env.randomization.direction": "forward"}."""
     for path, value in overrides.items():
@@ -153,7 +162,7 @@ def main(cfg: AblateConfig) -> dict:
     table = Table(title=f"{cfg.stage} ablation")
     table.add_column("variant")
     for c in cols:
-        table.add_column(c)
+        table.add_column(SHORT.get(c, c), justify="right")
     if cfg.stage == "student":
         budget = f"{cfg.student_cfg.dagger.rounds} DAgger rounds each, teacher {cfg.teacher}"
     else:
