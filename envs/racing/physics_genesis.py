@@ -248,8 +248,8 @@ class GenesisPhysics:
         wheels = [self.car.get_link(n) for n in ("front_left_wheel", "front_right_wheel", "rear_left_wheel",
                                                   "rear_right_wheel")]  # fmt: skip
         # The tyres' collision geoms (solver indices), written straight through the solver: the entity's
-        # `set_friction_ratio` spreads link values over geoms with an int32 `repeat_interleave`, which takes ~6 ms
-        # per call on the CPU (int64 repeats: ~20 us), a quarter of a 256-env control step with resets.
+        # `set_friction_ratio` spreads link values over geoms with an int32 `repeat_interleave`, which took ~6 ms per
+        # call on a 2-core machine busy with another job (int64 repeats: ~20 us there; both ~15 us on an idle one).
         self.wheel_geoms = [g for link in wheels for g in range(link.geom_start, link.geom_end)]
         if len(self.wheel_geoms) != len(wheels):
             raise RuntimeError(f"expected one collision geom per wheel, got {len(self.wheel_geoms)} for 4 wheels")
