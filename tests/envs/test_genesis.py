@@ -127,7 +127,10 @@ def test_gpu_backend_builds():
     from envs.racing.env import RacingEnv
 
     env = RacingEnv(replace(CFG, device="cuda"))
-    env.step(torch.zeros(4, 1, device="cuda"))
+    for _ in range(15):  # one second, straight ahead at the top speed
+        obs, *_ = env.step(torch.full((env.num_envs, 1), 5.0, device="cuda"))
+    assert obs["teacher"].device.type == "cuda"
+    assert (env.physics.state.speed > 0.5).all(), "the cars drive"
 
 
 def test_reality_proxy_env_builds_renders_and_steps():
