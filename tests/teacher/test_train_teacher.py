@@ -70,7 +70,11 @@ def test_checkpoint_loads_in_one_call_and_exposes_z(tmp_path):
     teacher.check_env(env)
     # Same weights as the trainer's actor in eval mode.
     t.alg.eval_mode()
-    assert torch.equal(t.alg.get_policy()(obs), teacher.act(obs))
+    actor = t.alg.get_policy()
+    assert torch.equal(actor(obs), teacher.act(obs))
+    with torch.no_grad():
+        assert torch.equal(actor.encode(obs), z)
+        assert torch.equal(actor.mlp(actor.get_latent(obs)), teacher.logits(obs))
 
 
 def test_evaluation_is_deterministic_under_a_fixed_seed(tmp_path):
