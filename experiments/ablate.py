@@ -166,7 +166,10 @@ def main(cfg: AblateConfig) -> dict:
     if cfg.stage == "student":
         budget = f"{cfg.student_cfg.dagger.rounds} DAgger rounds each, teacher {cfg.teacher}"
     else:
-        budget = f"{cfg.teacher_cfg.trainer.iterations} PPO iterations each"
+        trainer = cfg.teacher_cfg.trainer
+        budget = f"{trainer.iterations} PPO iterations each"
+        if trainer.max_minutes > 0:
+            budget += f", or {trainer.max_minutes:g} minutes of wall time if that comes first"
     lines = [f"{cfg.stage} ablation, {budget}", ""]
     lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, row in results.items():
