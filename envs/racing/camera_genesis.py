@@ -10,7 +10,6 @@ headless through EGL (Mesa on CPUs).
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from pathlib import Path
 
@@ -136,12 +135,15 @@ class GenesisCamera:
                             tile_size=tuple(map(float, scene.extent)), collision=False),
             surface=gs.surfaces.Default(diffuse_texture=gs.textures.ImageTexture(image_array=scene.rgb_image())),
         )  # fmt: skip
-        self._tmp = Path(tempfile.mkdtemp(prefix="gapbridge-genesis-"))
+        # The meshes are written to a temporary folder that lives only until the scene is built (Genesis has read and
+        # cached them by then), so nothing is left behind even when the process never calls `close`.
+        tmp = tempfile.TemporaryDirectory(prefix="gapbridge-genesis-")
+        tmp_dir = Path(tmp.name)
         import trimesh
 
         if scene.cfg.walls:
             verts, faces = wall_mesh(scene)
-            mesh_path = self._tmp / "walls.obj"
+            mesh_path = tmp_dir / "walls.obj"
             trimesh.Trimesh(verts, faces, process=False).export(mesh_path)
             self.scene.add_entity(
                 gs.morphs.Mesh(file=str(mesh_path), fixed=True, collision=False),
@@ -167,7 +169,7 @@ class GenesisCamera:
         for shade, boxes in zip((0.85, 0.5, 0.2), groups):
             if not boxes:
                 continue
-            path = self._tmp / f"clutter_{shade}.obj"
+            path = tmp_dir / f"clutter_{shade}.obj"
             trimesh.util.concatenate(boxes).export(path)
             self.scene.add_entity(
                 gs.morphs.Mesh(file=str(path), fixed=True, collision=False),
@@ -178,12 +180,14 @@ class GenesisCamera:
         try:
             self.scene.build(n_envs=self.num_envs)
         except Exception as err:  # the rasterizer needs an OpenGL context
+            tmp.cleanup()
             if "EGL" in str(err) or "OpenGL" in str(err) or "display" in str(err).lower():
                 raise ConfigError(
                     "env.camera=genesis could not open an OpenGL context. Run headless with EGL: install libegl1 and "
                     "libgl1-mesa-dri (Debian/Ubuntu) and set PYOPENGL_PLATFORM=egl, or use env.camera=projective"
                 ) from None
             raise
+        tmp.cleanup()
         self.mount = torch.as_tensor(mount_transform(cfg), dtype=torch.float64)  # car frame on the floor -> camera
 
     @torch.no_grad()
@@ -211,6 +215,3 @@ class GenesisCamera:
             self.scene.destroy()
         except Exception:
             pass
-        for f in self._tmp.glob("*"):
-            f.unlink(missing_ok=True)
-        os.rmdir(self._tmp)

@@ -1,0 +1,154 @@
+"""Observability bound of an online estimate: how well can a dynamics factor (friction, motor gain) be recovered from
+a few seconds of the car's *true* state and commands, while a driver that does not know the factor drives?
+
+The history encoder sees camera frames and its own actions, so nothing it learns can beat a regressor that is handed
+the exact body velocities; this regressor's held-out R^2 is the ceiling for the student's estimate on the same
+driving, and comparing feature sets shows which motion signals carry the factor. The driver is the teacher with the
+factor's input held at its nominal value (`blind`): a teacher that sees the true value would encode it in its
+commands, and the regressor would read it from them rather than from the car's response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from adaptation.losses import r2_score
+from envs.racing.env import RacingEnv
+from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
+
+FEATURES = ("steer_cmd", "speed_cmd", "speed", "lateral_speed", "yaw_rate", "steer", "lateral_accel")
+"""per-step signals recorded while driving (commands after the action map; state after the control step)"""
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "commands": ("steer_cmd", "speed_cmd"),
+    "commands+speed": ("steer_cmd", "speed_cmd", "speed"),
+    "commands+speed+yaw_rate": ("steer_cmd", "speed_cmd", "speed", "yaw_rate"),
+    "full_state": FEATURES,
+}
+"""named feature subsets: what the regressor is given"""
+FACTORS = ("friction", "motor_gain")
+"""factors the student's history encoder estimates (nominal value 1.0)"""
+
+
+@dataclass
+class Recording:
+    """`(N, T, F)` features, `(N, T)` factor value, steps since reset and episode id after each control step."""
+
+    features: Tensor
+    target: Tensor
+    since_reset: Tensor
+    episode: Tensor
+    grip_use: Tensor  # |lateral acceleration| / (friction * g), (N, T)
+
+
+def blind_factor(obs, factor: str, nominal: float = 1.0):
+    """The observation with `factor`'s column of `env_factors` set to its normalized nominal value."""
+    lo, hi = FACTOR_BOUNDS[factor]
+    out = obs.clone()
+    out["env_factors"][:, FACTOR_NAMES.index(factor)] = 2.0 * (nominal - lo) / (hi - lo) - 1.0
+    return out
+
+
+@torch.no_grad()
+def record(driver, env: RacingEnv, factor: str, steps: int, blind: bool = True) -> Recording:
+    """Drive `env` for `steps` control steps with `driver` (a teacher: `act(obs)`), recording `FEATURES`."""
+    if factor not in FACTORS:
+        raise ValueError(f"factor={factor!r}; use one of {FACTORS}")
+    obs = env.get_observations()
+    n = env.num_envs
+    episode = torch.arange(n)
+    next_episode = n
+    feats, target, since, episodes, grip = [], [], [], [], []
+    for _ in range(steps):
+        action = driver.act(blind_factor(obs, factor) if blind else obs)
+        steer_cmd, speed_cmd = env.commands(action)
+        obs, _, dones, _ = env.step(action)
+        s = env.physics.state
+        lateral_accel = s.vx * s.yaw_rate
+        feats.append(torch.stack([steer_cmd, speed_cmd, s.vx, s.vy, s.yaw_rate, s.steer, lateral_accel], -1))
+        target.append(getattr(env.world.params, factor).clone())
+        since.append(env.episode_length_buf.clone())
+        episodes.append(episode.clone())
+        grip.append(lateral_accel.abs() / (env.world.params.friction * 9.81))
+        done = dones.bool().cpu()
+        episode[done] = torch.arange(next_episode, next_episode + int(done.sum()))
+        next_episode += int(done.sum())
+    stack = lambda xs: torch.stack(xs, 1).cpu()  # noqa: E731
+    return Recording(stack(feats), stack(target), stack(since), stack(episodes), stack(grip))
+
+
+def windows(rec: Recording, length: int, min_steps: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Every window of `length` consecutive steps inside one episode whose last step is at least `min_steps` after
+    the reset: returns features `(M, length, F)`, the factor at the window's end `(M,)` and the env index `(M,)`."""
+    n, t, _ = rec.features.shape
+    xs, ys, envs = [], [], []
+    for end in range(length - 1, t):
+        ok = (rec.episode[:, end - length + 1] == rec.episode[:, end]) & (rec.since_reset[:, end] >= min_steps)
+        if not bool(ok.any()):
+            continue
+        xs.append(rec.features[ok, end - length + 1 : end + 1])
+        ys.append(rec.target[ok, end])
+        envs.append(torch.nonzero(ok)[:, 0])
+    if not xs:
+        raise ValueError(f"no window of {length} steps at least {min_steps} steps after a reset; record longer")
+    return torch.cat(xs), torch.cat(ys), torch.cat(envs)
+
+
+def fit_r2(
+    x: Tensor, y: Tensor, test: Tensor, iterations: int = 3000, hidden: int = 256, seed: int = 0
+) -> dict[str, float]:
+    """Fit an MLP on the flattened windows `x[~test]` -> `y[~test]` (Adam, batches of 512); R^2 on both parts."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x = x.flatten(1).float()
+    mu, sd = x[~test].mean(0), x[~test].std(0) + 1e-6
+    x = (x - mu) / sd
+    y_mu, y_sd = y[~test].mean(), y[~test].std() + 1e-9
+    yn = (y - y_mu) / y_sd
+    net = torch.nn.Sequential(
+        torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    )  # fmt: skip
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    x_tr, y_tr = x[~test], yn[~test]
+    for _ in range(iterations):
+        idx = torch.randint(0, len(x_tr), (min(512, len(x_tr)),), generator=gen)
+        loss = (net(x_tr[idx]).squeeze(-1) - y_tr[idx]).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        pred = net(x).squeeze(-1) * y_sd + y_mu
+    return {"train_r2": r2_score(pred[~test], y[~test]), "test_r2": r2_score(pred[test], y[test])}
+
+
+def observability(
+    rec: Recording,
+    length: int,
+    min_steps: int,
+    feature_sets: dict[str, tuple[str, ...]] | None = None,
+    iterations: int = 3000,
+    holdout_every: int = 5,
+) -> dict:
+    """Held-out R^2 of the factor from each feature set (every `holdout_every`-th env is held out: the test windows
+    come from cars and episodes the regressor never saw), plus how much of its grip the car uses."""  # fmt: skip
+    x, y, env_index = windows(rec, length, min_steps)
+    test = env_index % holdout_every == 0
+    out: dict = {"windows": len(y), "test_windows": int(test.sum()), "factor_std": float(y.std())}
+    for name, cols in (feature_sets or FEATURE_SETS).items():
+        unknown = set(cols) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"feature set {name!r}: unknown features {sorted(unknown)}; known: {FEATURES}")
+        idx = [FEATURES.index(c) for c in cols]
+        out[name] = fit_r2(x[..., idx], y, test, iterations)
+    grip = rec.grip_use[rec.since_reset > 0].numpy()
+    out["grip_use_percentiles"] = dict(zip(("p50", "p90", "p99"), np.percentile(grip, [50, 90, 99]).tolist()))
+    return out
+
+
+def driving_env(env_cfg, num_envs: int) -> RacingEnv:
+    """The driver's training world without a camera (state only), `num_envs` wide."""
+    return RacingEnv(replace(env_cfg, num_envs=num_envs, camera="none", compile=False))

@@ -1,0 +1,103 @@
+"""Ceiling of the student's online estimate: regress a dynamics factor from the car's true state and commands.
+
+    python -m experiments.observability default --teacher runs/teacher/checkpoints/iter_000256.pt
+    python -m experiments.observability default --teacher … --factor motor_gain --no-blind
+
+The teacher drives its own training world (no camera) with the factor's input held at nominal (`--blind`, so its
+commands do not carry the true value); an MLP is fitted on windows of `--window` steps that end at least
+`--min-seconds` after a reset, for several feature sets (commands only; + speed; + yaw rate; the full planar state),
+and scored on held-out cars. The history encoder sees only camera frames and its own actions, so its R^2 on the same
+driving cannot beat the full-state figure: a low student R^2 under a high ceiling is a learning problem, a low
+ceiling means the driving does not excite the factor. Writes `observability.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from adaptation.observability import FACTORS, FEATURE_SETS, driving_env, observability, record
+from envs.config_io import write_text_atomic
+from envs.errors import ConfigError, check_range
+from experiments.cli import run
+from teacher.policy import load_teacher
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    """Driving, windows and regressor."""
+
+    teacher: str = ""
+    """teacher checkpoint (the driver; its training world is the world)"""
+    factor: str = "friction"
+    """factor to regress: friction or motor_gain"""
+    blind: bool = True
+    """hold the teacher's input of the factor at nominal (1.0), so its commands do not reveal the true value"""
+    envs: int = 512
+    """cars driving at once (one randomized world each per episode)"""
+    seconds: float = 30.0
+    """recorded driving per car"""
+    window: int = 30
+    """steps per regression window (30 = 2 s at 15 Hz)"""
+    min_seconds: float = 2.0
+    """a window's last step is at least this long after the reset"""
+    iterations: int = 3000
+    """Adam steps of the regressor, per feature set"""
+    seed: int = 0
+    """seed of the env and the regressor"""
+    out_dir: str = "outputs/observability"
+    """where the JSON goes"""
+
+    def __post_init__(self) -> None:
+        if self.factor not in FACTORS:
+            raise ConfigError(f"factor={self.factor!r}; use one of {', '.join(FACTORS)}")
+        check_range("envs", self.envs, 5, 1_000_000)
+        check_range("window", self.window, 1, 10_000)
+        check_range("seconds", self.seconds, 0.1, 3600.0)
+        check_range("min_seconds", self.min_seconds, 0.0, 3600.0)
+        check_range("iterations", self.iterations, 1, 1_000_000)
+
+
+def main(cfg: ObservabilityConfig) -> dict:
+    if not cfg.teacher:
+        raise ConfigError("--teacher is required (a teacher checkpoint drives the cars)")
+    torch.manual_seed(cfg.seed)
+    teacher = load_teacher(cfg.teacher)
+    env = driving_env(teacher.env_cfg, cfg.envs)
+    hz = env.cfg.control_hz
+    t0 = time.perf_counter()
+    rec = record(teacher, env, cfg.factor, steps=int(round(cfg.seconds * hz)), blind=cfg.blind)
+    result = observability(rec, cfg.window, int(round(cfg.min_seconds * hz)), FEATURE_SETS, cfg.iterations)
+    result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, seconds=time.perf_counter() - t0,
+                  window_seconds=cfg.window / hz, min_seconds=cfg.min_seconds)  # fmt: skip
+    console = Console()
+    table = Table(title=f"{cfg.factor} from {cfg.window / hz:.1f} s of true state ({result['windows']:,} windows)")
+    for col in ("features", "held-out R²", "train R²"):
+        table.add_column(col)
+    for name in FEATURE_SETS:
+        table.add_row(name, f"{result[name]['test_r2']:.3f}", f"{result[name]['train_r2']:.3f}")
+    console.print(table)
+    g = result["grip_use_percentiles"]
+    console.print(f"lateral acceleration / grip: median {g['p50']:.2f}, p90 {g['p90']:.2f}, p99 {g['p99']:.2f}")
+    out = Path(cfg.out_dir)
+    write_text_atomic(out / "observability.json", json.dumps(result, indent=2))
+    console.print(f"results in [bold]{out.resolve()}[/]")
+    return result
+
+
+PRESETS = {
+    "default": ("512 cars, 30 s each, 2 s windows, 3000 regressor steps", ObservabilityConfig()),
+    "smoke": (
+        "few cars, short driving",
+        ObservabilityConfig(envs=10, seconds=3.0, window=5, min_seconds=0.5, iterations=20),
+    ),
+}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)

@@ -1,0 +1,83 @@
+"""Observability bound: windows stay inside episodes, the regressor finds a signal that is there and no other,
+the blind driver sees the nominal factor, and the script runs end to end on a tiny teacher."""
+
+import json
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from adaptation.observability import FEATURES, Recording, blind_factor, fit_r2, windows
+from envs.errors import ConfigError
+from envs.racing.config import EnvConfig
+from envs.racing.evaluation import EvalConfig
+from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
+from experiments.observability import ObservabilityConfig, main
+from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.trainer import TeacherTrainer, TrainerConfig
+
+
+def recording() -> Recording:
+    # env 0: an episode of 3 steps, then a new one; env 1: one episode throughout. Feature 0 names (env, step).
+    t, f = 7, len(FEATURES)
+    features = torch.zeros(2, t, f)
+    features[..., 0] = 100 * torch.arange(2)[:, None] + torch.arange(t)[None, :]
+    episode = torch.tensor([[0, 0, 0, 2, 2, 2, 2], [1, 1, 1, 1, 1, 1, 1]])
+    since = torch.tensor([[1, 2, 3, 1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7]])
+    target = torch.tensor([[0.7] * 3 + [1.1] * 4, [0.9] * 7])
+    return Recording(features, target, since, episode, torch.zeros(2, t))
+
+
+def test_windows_never_cross_an_episode_start_and_end_late_enough():
+    x, y, env = windows(recording(), length=3, min_steps=2)
+    got = {(int(v) // 100, int(v) % 100): float(target) for v, target in zip(x[:, -1, 0], y)}
+    # env 0: the window ending at step 3 ends too soon after its reset, the one ending at step 4 (2 steps after it)
+    # would reach back into the first episode.
+    expected = {(0, 2): 0.7, (0, 5): 1.1, (0, 6): 1.1, **{(1, s): 0.9 for s in range(2, 7)}}
+    assert got == pytest.approx(expected)
+    assert torch.equal(env, torch.tensor([e for e, _ in got]))
+    steps = x[..., 0] % 100
+    assert torch.equal(steps[:, 1:] - steps[:, :-1], torch.ones(len(x), 2)), "consecutive steps of one env"
+    with pytest.raises(ValueError, match="no window"):
+        windows(recording(), length=3, min_steps=8)
+
+
+def test_regressor_finds_a_real_signal_and_not_a_spurious_one():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4000, 5, 3, generator=gen)
+    test = torch.arange(4000) % 5 == 0
+    signal = x[:, :, 1].mean(1) * 0.3 + 1.0  # the factor is in the features
+    noise = torch.rand(4000, generator=gen)  # the factor is not
+    assert fit_r2(x, signal, test, iterations=400)["test_r2"] > 0.9
+    r = fit_r2(x, noise, test, iterations=400)
+    assert r["test_r2"] < 0.1
+    assert r["train_r2"] > r["test_r2"], "what it fits on noise does not carry over to held-out windows"
+
+
+def test_the_blind_driver_sees_the_nominal_factor_and_the_env_keeps_the_truth():
+    factors = torch.rand(4, len(FACTOR_NAMES)) * 2 - 1
+    obs = TensorDict({"env_factors": factors.clone()}, batch_size=[4])
+    out = blind_factor(obs, "friction")
+    col = FACTOR_NAMES.index("friction")
+    assert torch.allclose(denormalize_factor("friction", out["env_factors"][:, col]), torch.ones(4))
+    others = [i for i in range(len(FACTOR_NAMES)) if i != col]
+    assert torch.equal(out["env_factors"][:, others], factors[:, others])
+    assert torch.equal(obs["env_factors"], factors), "the env's observation is not modified"
+
+
+def test_observability_script_on_a_tiny_teacher(tmp_path):
+    env = EnvConfig(num_envs=4, compile=False)
+    trainer = TeacherTrainer(env, TeacherPolicyConfig(hidden_dims=(16,), critic_hidden_dims=(16,)),
+                             PPOConfig(num_steps_per_env=4), TrainerConfig(iterations=1),
+                             EvalConfig(start_points=1, laps=1, max_seconds=2.0), tmp_path)  # fmt: skip
+    teacher = trainer.save(tmp_path / "teacher.pt")
+    cfg = ObservabilityConfig(teacher=str(teacher), envs=10, seconds=3.0, window=5, min_seconds=0.5, iterations=20,
+                              out_dir=str(tmp_path / "obs"))  # fmt: skip
+    result = main(cfg)
+    saved = json.loads((tmp_path / "obs" / "observability.json").read_text())
+    assert saved["windows"] == result["windows"] > 0
+    assert set(saved) >= {"commands", "full_state", "grip_use_percentiles"}
+    with pytest.raises(ConfigError, match="factor='mass'"):
+        ObservabilityConfig(factor="mass")
+    with pytest.raises(ConfigError, match="--teacher"):
+        main(ObservabilityConfig())
