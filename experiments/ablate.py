@@ -6,6 +6,11 @@
 
 Each variant is a set of field overrides of the stage's config (see VARIANTS); the DeepRacer team's findings map
 onto them (reversed direction, random starts, action noise, augmentation types, dropout, entropy, max throttle).
+With `--proxy`, every variant's final policy is also evaluated in the reality proxy (`--proxy-reality.*`,
+`--proxy-eval.*`), which is where the transfer findings (augmentation, dropout, entropy, max throttle) show: the
+training sim cannot tell them apart. The proxy result is kept next to the run (`proxy.json`) and read back while the
+checkpoint and proxy settings are the same.
+
 Results: `ablation.json` and `ablation.md` in the output directory.
 """
 
@@ -23,6 +28,8 @@ from rich.table import Table
 from envs.augment import AugmentConfig
 from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError
+from envs.racing.evaluation import EvalConfig
+from envs.racing.reality import RealityConfig, reality_env_config
 from experiments import distill_student, train_teacher
 from experiments.cli import run
 from experiments.wandb_logger import WandbConfig
@@ -61,7 +68,9 @@ SHORT = {
     "lap_completion": "laps", "forward/lap_completion": "fwd", "reverse/lap_completion": "rev",
     "lap_completion_ci_low": "CI lo", "lap_completion_ci_high": "CI hi", "completion_vs_teacher": "laps/teacher",
     "lap_time_vs_teacher": "time/teacher", "teacher_lap_completion": "teacher", "offtrack_count": "off",
-    "dagger_minutes": "min", "lap_time_ratio": "time/opt", "minutes": "min",
+    "dagger_minutes": "min", "lap_time_ratio": "time/opt", "minutes": "min", "proxy/lap_completion": "proxy laps",
+    "proxy/lap_completion_ci_low": "proxy lo", "proxy/lap_completion_ci_high": "proxy hi",
+    "proxy/lap_time_ratio": "proxy time/opt", "proxy/offtrack_count": "proxy off",
 }  # fmt: skip
 """terminal column headers (the Markdown and JSON keep the full names)"""
 
@@ -98,6 +107,12 @@ class AblateConfig:
     """one run directory per variant under here, plus ablation.json / ablation.md"""
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(mode="offline"))
     """W&B settings of every variant's run (each gets the group `ablation-<stage>` and its name as a tag)"""
+    proxy: bool = False
+    """also evaluate every variant's final policy in the reality proxy (adds the proxy/* columns)"""
+    proxy_reality: RealityConfig = field(default_factory=RealityConfig)
+    """the reality proxy of that evaluation"""
+    proxy_eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=10, max_seconds=40.0, seed=7))
+    """its episodes (default: 10 start points x both directions, 1 lap each)"""
 
 
 def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
@@ -123,6 +138,32 @@ def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
     }
 
 
+PROXY_KEYS = ("lap_completion", "lap_completion_ci_low", "lap_completion_ci_high", "lap_time_ratio", "offtrack_count")
+
+
+def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
+    """The proxy columns of a finished variant: its final checkpoint evaluated in `cfg.proxy_reality`, read back from
+    `proxy.json` when that was written for the same checkpoint and settings."""
+    from experiments.evaluate import evaluate_one, load_policy
+
+    pattern = "iter_*.pt" if cfg.stage == "teacher" else "round_*.pt"
+    checkpoints = sorted((run_dir / "checkpoints").glob(pattern))
+    if not checkpoints:
+        raise ConfigError(f"{run_dir}: no checkpoints/{pattern} to evaluate in the reality proxy")
+    key = {"checkpoint": checkpoints[-1].name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval)}
+    path = run_dir / "proxy.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved["row"]
+    policy = load_policy(str(checkpoints[-1]))
+    metrics, _, env = evaluate_one(policy, reality_env_config(policy.env_cfg, cfg.proxy_reality), cfg.proxy_eval)
+    env.close()
+    row = {f"proxy/{k}": float(metrics[k]) for k in PROXY_KEYS}
+    write_text_atomic(path, json.dumps({"key": key, "row": row}, indent=2))
+    return row
+
+
 def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
     """Train one variant, or read it back: a finished variant (its `eval.json` written under the same config) is not
     run again, and one that was stopped part-way resumes from its latest checkpoint, so a killed ablation continues
@@ -146,9 +187,10 @@ def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
             "use another --out-dir (or remove that directory) to run this one"
         )
     if written is not None and (run_dir / "eval.json").exists():
-        return _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
-    summary = stage.main(resumed_cfg if has_checkpoint else run_cfg)
-    return _row(cfg.stage, summary, track)
+        row = _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
+    else:
+        row = _row(cfg.stage, stage.main(resumed_cfg if has_checkpoint else run_cfg), track)
+    return row | proxy_row(cfg, run_dir) if cfg.proxy else row
 
 
 def main(cfg: AblateConfig) -> dict:
@@ -171,6 +213,13 @@ def main(cfg: AblateConfig) -> dict:
         if trainer.max_minutes > 0:
             budget += f", or {trainer.max_minutes:g} minutes of wall time if that comes first"
     lines = [f"{cfg.stage} ablation, {budget}", ""]
+    if cfg.proxy:
+        r = cfg.proxy_reality
+        lines[-1:] = [
+            f"proxy/*: the final policy in the reality proxy (variant {r.variant}, {r.physics} physics, {r.camera} "
+            f"camera, {r.lens} lens), {cfg.proxy_eval.num_episodes} episodes",
+            "",
+        ]
     lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, row in results.items():
         cells = [f"{row[c]:.3f}" for c in cols]

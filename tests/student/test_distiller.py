@@ -158,3 +158,43 @@ def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_pat
         ablate.main(replace(cfg, student_cfg=replace(base, dagger=replace(DAGGER, rounds=3))))
     with pytest.raises(ConfigError, match="unknown student variants"):
         ablate.main(replace(cfg, variants=("base", "no-such-variant")))
+
+
+def test_ablation_scores_each_variant_in_the_reality_proxy_once(teacher_path, tmp_path, monkeypatch):
+    from envs.racing.reality import RealityConfig
+    from experiments import ablate, distill_student, evaluate
+    from experiments.wandb_logger import WandbConfig
+
+    base = replace(distill_student.PRESETS["smoke"][1], student=STUDENT, dagger=replace(DAGGER, rounds=1),
+                   augment=AugmentConfig())  # fmt: skip
+    # A proxy without Genesis (bicycle physics, projective camera) keeps the test fast; the mechanism is the same.
+    reality = RealityConfig(physics="bicycle", camera="projective", lens="pinhole", friction=0.8)
+    cfg = ablate.AblateConfig(
+        stage="student", variants=("base",), teacher=str(teacher_path), student_cfg=base, out_dir=str(tmp_path),
+        wandb=WandbConfig(mode="disabled"), proxy=True, proxy_reality=reality, proxy_eval=EVAL,
+    )  # fmt: skip
+    worlds = []
+    real_evaluate_one = evaluate.evaluate_one
+
+    def spy(policy, env_cfg, eval_cfg):
+        worlds.append(env_cfg)
+        return real_evaluate_one(policy, env_cfg, eval_cfg)
+
+    monkeypatch.setattr(evaluate, "evaluate_one", spy)
+    first = ablate.main(cfg)["base"]
+    assert len(worlds) == 1 and worlds[0].randomization.friction_range[0] == pytest.approx(0.8 * (1 - reality.spread))
+    assert worlds[0].physics == "bicycle" and worlds[0].substeps == reality.substeps, (
+        "the proxy's world, not training's"
+    )
+    assert set(ablate.PROXY_KEYS) == {k.removeprefix("proxy/") for k in first if k.startswith("proxy/")}
+    assert 0.0 <= first["proxy/lap_completion"] <= 1.0
+    saved = json.loads((tmp_path / "base" / "proxy.json").read_text())
+    assert saved["key"]["checkpoint"] == "round_001.pt" and json.dumps(saved["row"]) == json.dumps(
+        {k: first[k] for k in saved["row"]}
+    )
+    assert "proxy/lap_completion" in (tmp_path / "ablation.md").read_text()
+
+    ablate.main(cfg)  # same checkpoint, same proxy: read back
+    assert len(worlds) == 1
+    ablate.main(replace(cfg, proxy_reality=replace(reality, friction=0.6)))  # another proxy: evaluated again
+    assert len(worlds) == 2 and worlds[1].randomization.friction_range[1] == pytest.approx(0.6 * (1 + reality.spread))
