@@ -70,7 +70,7 @@ SHORT = {
     "lap_time_vs_teacher": "time/teacher", "teacher_lap_completion": "teacher", "offtrack_count": "off",
     "dagger_minutes": "min", "lap_time_ratio": "time/opt", "minutes": "min", "proxy/lap_completion": "proxy laps",
     "proxy/lap_completion_ci_low": "proxy lo", "proxy/lap_completion_ci_high": "proxy hi",
-    "proxy/lap_time_ratio": "proxy time/opt", "proxy/offtrack_count": "proxy off",
+    "proxy/progress": "proxy progress", "proxy/lap_time_ratio": "proxy time/opt", "proxy/offtrack_count": "proxy off",
 }  # fmt: skip
 """terminal column headers (the Markdown and JSON keep the full names)"""
 
@@ -138,7 +138,9 @@ def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
     }
 
 
-PROXY_KEYS = ("lap_completion", "lap_completion_ci_low", "lap_completion_ci_high", "lap_time_ratio", "offtrack_count")
+PROXY_KEYS = (
+    "lap_completion", "lap_completion_ci_low", "lap_completion_ci_high", "progress", "lap_time_ratio", "offtrack_count"
+)  # fmt: skip
 
 
 def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
@@ -150,7 +152,10 @@ def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     checkpoints = sorted((run_dir / "checkpoints").glob(pattern))
     if not checkpoints:
         raise ConfigError(f"{run_dir}: no checkpoints/{pattern} to evaluate in the reality proxy")
-    key = {"checkpoint": checkpoints[-1].name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval)}
+    key = {
+        "checkpoint": checkpoints[-1].name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval),
+        "columns": list(PROXY_KEYS),
+    }  # fmt: skip
     path = run_dir / "proxy.json"
     if path.exists():
         saved = json.loads(path.read_text())

@@ -130,7 +130,7 @@ TRANSFER_ENV = EnvConfig(
     optics=CameraConfig(lens="fisheye"),  # the car's lens, as calibrated (the teacher passes it on to its student)
     sensor=SensorConfig(vignetting=0.2, read_noise=3.0),
     randomization=RandomizationConfig(
-        friction_range=(0.6, 1.2), action_latency_ms=(0.0, 120.0), camera_latency_ms=(0.0, 80.0)
+        friction_range=(0.6, 1.2), action_latency_ms=(0.0, 120.0), camera_latency_ms=(0.0, 80.0), rear_grip=True
     ),
     effects=EffectsConfig(
         randomize=True, battery_floor=0.8, servo_rate_dps=300.0, steering_deadband_deg=1.5, throttle_exponent=1.35,
@@ -150,7 +150,7 @@ PRESETS = {
         generalization_tracks=("oval", "technical"),
     )),
     "transfer": ("as default, trained for the real car: the calibrated fisheye lens and sensor, wider friction and "
-                 "latency ranges, the unmodeled actuation effects randomized", TrainTeacherConfig(
+                 "latency ranges, the grip balance between the axles and the unmodeled actuation effects randomized", TrainTeacherConfig(
         env=TRANSFER_ENV,
         trainer=TrainerConfig(iterations=400, max_minutes=5.0, eval_every=10, save_every=10),
     )),

@@ -56,11 +56,20 @@ class CarParams:
     motor_gain: Tensor
     steering_gain: Tensor
     steering_offset: Tensor  # radians
+    rear_grip: Tensor  # rear-axle friction relative to the front's: < 1 makes the car oversteer at the limit
 
     @classmethod
     def nominal(cls, num_envs: int, device: str | torch.device = "cpu") -> CarParams:
         one = torch.ones(num_envs, device=device)
-        return cls(one.clone(), one.clone(), one.clone(), one.clone(), torch.zeros(num_envs, device=device))
+        zero = torch.zeros(num_envs, device=device)
+        return cls(one.clone(), one.clone(), one.clone(), one.clone(), zero, one.clone())
+
+
+def load_params(params: CarParams, state: dict[str, Tensor]) -> None:
+    """Copy `params.<field>` entries of a state dict into `params`; a field the state predates keeps its value."""
+    for f in fields(CarParams):
+        if f"params.{f.name}" in state:
+            getattr(params, f.name).copy_(state[f"params.{f.name}"])
 
 
 def actuator_targets(steer_cmd: Tensor, speed_cmd: Tensor, params: CarParams, spec: CarSpec) -> tuple[Tensor, Tensor]:
@@ -96,11 +105,12 @@ def bicycle_step(
     accel = ((speed_target - state.vx) / spec.motor_time_constant).clamp(-spec.max_brake, spec.max_accel)
     accel = torch.maximum(torch.minimum(accel, grip), -grip)
 
-    # Axle loads and the lateral grip left after the longitudinal force (friction circle).
+    # Axle loads and the lateral grip left after the longitudinal force (friction circle, per axle: the drive and
+    # brake forces are shared equally, and the rear axle's friction is `rear_grip` times the front's).
     load_f, load_r = mass * GRAVITY * lr / spec.wheelbase, mass * GRAVITY * lf / spec.wheelbase
-    long_share = (accel / grip).square().clamp(max=0.99)
-    fmax_f = params.friction * load_f * torch.sqrt(1.0 - long_share)
-    fmax_r = params.friction * load_r * torch.sqrt(1.0 - long_share)
+    fmax_f = params.friction * load_f * torch.sqrt(1.0 - (accel / grip).square().clamp(max=0.99))
+    grip_r = grip * params.rear_grip
+    fmax_r = params.friction * params.rear_grip * load_r * torch.sqrt(1.0 - (accel / grip_r).square().clamp(max=0.99))
     c_f, c_r = spec.cornering_stiffness * load_f, spec.cornering_stiffness * load_r
 
     vx = state.vx.clamp(min=0.05)
@@ -177,8 +187,7 @@ class BicyclePhysics:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.state = CarState(*(state[f"state.{f.name}"].clone() for f in fields(CarState)))
-        for f in fields(CarParams):
-            getattr(self.params, f.name).copy_(state[f"params.{f.name}"])
+        load_params(self.params, state)
 
     def step(self, steer_cmd: Tensor, speed_cmd: Tensor) -> CarState:
         """One physics substep from commanded (post-latency) steering and speed."""

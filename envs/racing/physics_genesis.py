@@ -23,7 +23,7 @@ from torch import Tensor
 
 from envs.errors import ConfigError
 from envs.racing.car import CarSpec
-from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets
+from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets, load_params
 
 _GS_STATE: dict[str, object] = {}
 
@@ -348,8 +348,7 @@ class GenesisPhysics:
         }
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        for f in fields(CarParams):
-            getattr(self.params, f.name).copy_(state[f"params.{f.name}"])
+        load_params(self.params, state)
         self.set_params(self.params, torch.arange(self.num_envs, device=self.device))
         self.car.set_qpos(state["qpos"])
         self.car.set_dofs_velocity(state["dofs_vel"])

@@ -41,6 +41,11 @@ class RandomizationConfig:
     """randomize a constant steering trim error"""
     steering_offset_deg: float = 2.0
     """steering offset is uniform in [-x, x] degrees"""
+    rear_grip: bool = False
+    """randomize the balance of grip between the axles (bicycle physics): with less grip at the rear the car
+    oversteers and spins beyond its limit, as the contact-wheel car does, instead of the front washing out"""
+    rear_grip_range: tuple[float, float] = (0.7, 1.05)
+    """rear-axle friction relative to the front's"""
     action_latency: bool = True
     """randomize the delay from action to actuators"""
     action_latency_ms: tuple[float, float] = (0.0, 100.0)
@@ -78,6 +83,7 @@ class RandomizationConfig:
         check_interval("randomization.motor_gain_range", self.motor_gain_range, 0.2, 2.0)
         check_interval("randomization.steering_gain_range", self.steering_gain_range, 0.2, 2.0)
         check_range("randomization.steering_offset_deg", self.steering_offset_deg, 0.0, 15.0)
+        check_interval("randomization.rear_grip_range", self.rear_grip_range, 0.3, 2.0)
         check_interval("randomization.action_latency_ms", self.action_latency_ms, 0.0, 500.0)
         check_interval("randomization.camera_latency_ms", self.camera_latency_ms, 0.0, 500.0)
         check_range("randomization.nominal_action_latency_ms", self.nominal_action_latency_ms, 0.0, 500.0)
@@ -153,6 +159,7 @@ def sample_world(
         motor_gain=pick(cfg.motor_gain, cfg.motor_gain_range, 1.0),
         steering_gain=pick(cfg.steering_gain, cfg.steering_gain_range, 1.0),
         steering_offset=pick(cfg.steering_offset, (-off, off), 0.0),
+        rear_grip=pick(cfg.rear_grip, cfg.rear_grip_range, 1.0),
     )
     act_ms = pick(cfg.action_latency, cfg.action_latency_ms, cfg.nominal_action_latency_ms)
     cam_ms = pick(cfg.camera_latency, cfg.camera_latency_ms, cfg.nominal_camera_latency_ms)

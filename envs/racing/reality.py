@@ -172,7 +172,7 @@ def reality_env_config(
         rnd = replace(
             rnd, friction=True, friction_range=spread(cfg.friction), mass=True, mass_range=spread(cfg.mass_scale),
             motor_gain=True, motor_gain_range=spread(cfg.motor_gain), steering_gain=True,
-            steering_gain_range=spread(cfg.steering_gain), steering_offset=False, action_latency=False,
+            steering_gain_range=spread(cfg.steering_gain), steering_offset=False, rear_grip=False, action_latency=False,
             nominal_action_latency_ms=cfg.action_latency_ms,
         )  # fmt: skip
         out = replace(out, physics=cfg.physics, substeps=cfg.substeps, effects=cfg.effects)
@@ -180,7 +180,7 @@ def reality_env_config(
         out = replace(out, effects=EffectsConfig())
         rnd = replace(
             rnd, friction=False, mass=False, motor_gain=False, steering_gain=False, steering_offset=False,
-            action_latency=False,
+            rear_grip=False, action_latency=False,
         )  # fmt: skip
     if part in ("all", "perception") and base.camera != "none":
         optics = replace(base.optics, lens=cfg.lens, pitch_deg=cfg.camera_pitch_deg, height=cfg.camera_height)

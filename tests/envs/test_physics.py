@@ -49,6 +49,31 @@ def test_lateral_acceleration_is_friction_limited_and_the_car_slides():
     assert (high.vx * high.yaw_rate).abs().item() > lat_acc
 
 
+def test_rear_grip_sets_the_limit_behaviour_and_nothing_below_it():
+    """Beyond the grip limit the balanced car washes out wide of its kinematic circle (front saturates), one with
+    less rear grip spins inside it and loses speed (the rear breaks away); well inside the limit both follow the
+    same circle."""
+    spec = CarSpec()
+    kinematic = math.hypot(spec.wheelbase / math.tan(0.3), spec.cg_to_rear)
+    phys = BicyclePhysics(2, spec, dt=1 / 60)
+    phys.params.rear_grip[:] = torch.tensor([1.0, 0.8])
+    phys.state.vx[:] = 3.0
+    for _ in range(240):
+        phys.step(torch.full((2,), 0.3), torch.full((2,), 3.0))  # 3 m/s on a 0.55 m circle: ~16 m/s^2 > g
+    s = phys.state
+    radius = s.speed / s.yaw_rate.abs()
+    assert radius[0] > 1.2 * kinematic and s.speed[0] > 2.4, "understeer: wide, speed kept"
+    assert radius[1] < kinematic and s.speed[1] < 1.5, "oversteer: the car spins and scrubs off speed"
+    slow = BicyclePhysics(2, spec, dt=1 / 60)
+    slow.params.rear_grip[:] = torch.tensor([1.0, 0.8])
+    slow.state.vx[:] = 1.0
+    for _ in range(240):
+        slow.step(torch.full((2,), 0.3), torch.full((2,), 1.0))  # 1.8 m/s^2, a fifth of the grip
+    r = slow.state.speed / slow.state.yaw_rate.abs()
+    assert r[0].item() == pytest.approx(r[1].item(), rel=0.02)
+    assert r[0].item() == pytest.approx(kinematic, rel=0.03)
+
+
 def test_servo_is_an_exact_first_order_lag():
     spec = CarSpec()
     state = CarState.zeros(1)
