@@ -150,7 +150,8 @@ PRESETS = {
         generalization_tracks=("oval", "technical"),
     )),
     "transfer": ("as default, trained for the real car: the calibrated fisheye lens and sensor, wider friction and "
-                 "latency ranges, the grip balance between the axles and the unmodeled actuation effects randomized", TrainTeacherConfig(
+                 "latency ranges, the grip balance between the axles and the unmodeled actuation effects randomized",
+                 TrainTeacherConfig(
         env=TRANSFER_ENV,
         trainer=TrainerConfig(iterations=400, max_minutes=5.0, eval_every=10, save_every=10),
     )),
