@@ -16,6 +16,24 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{x:.0%}" if pct else f"{x:.3f}"
 
 
+def scatter_figure(robust, fixed, proxy, labels: dict[int, str], result: dict):
+    """Proxy score against the robust and the fixed-lap sim score, one point per checkpoint, the picks named."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, xs, axis_label, rho in (
+        (axes[0], robust, "robust sim score", result["spearman_robust_vs_proxy"]),
+        (axes[1], fixed, "fixed-lap sim score", result["spearman_fixed_lap_vs_proxy"]),
+    ):
+        ax.scatter(xs, proxy, c=range(len(xs)), cmap="viridis")
+        for index, pick_label in labels.items():
+            ax.annotate(pick_label, (xs[index], proxy[index]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.set_xlabel(axis_label)
+        ax.set_ylabel("reality-proxy score")
+        ax.set_title(f"Spearman {_fmt(rho)}")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def write_report(result: dict, out: Path) -> list[Path]:
     """transfer.md, transfer_scatter.png and transfer_by_checkpoint.png in `out`; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -29,19 +47,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
     for rule, p in picks.items():  # one label per picked checkpoint, naming every rule that chose it
         labels[p["index"]] = f"{labels[p['index']]}, {rule}" if p["index"] in labels else rule
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, xs, label, rho in (
-        (axes[0], robust, "robust sim score", result["spearman_robust_vs_proxy"]),
-        (axes[1], fixed, "fixed-lap sim score", result["spearman_fixed_lap_vs_proxy"]),
-    ):
-        ax.scatter(xs, proxy, c=range(len(xs)), cmap="viridis")
-        for index, label in labels.items():
-            ax.annotate(label, (xs[index], proxy[index]), fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ax.set_xlabel(label)
-        ax.set_ylabel("reality-proxy score")
-        ax.set_title(f"Spearman {_fmt(rho)}")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig = scatter_figure(robust, fixed, proxy, labels, result)
     scatter = out / "transfer_scatter.png"
     fig.savefig(scatter, dpi=110)
     plt.close(fig)

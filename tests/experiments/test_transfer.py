@@ -47,3 +47,22 @@ def test_cli_without_a_preset_name_uses_default():
     assert parse(PRESETS, "", []).proxy.start_points == PRESETS["default"][1].proxy.start_points
     assert parse(PRESETS, "", ["--good-margin", "0.1"]).good_margin == 0.1
     assert parse(PRESETS, "", ["smoke"]).reality.physics == "bicycle"
+
+
+def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from experiments.transfer_report import scatter_figure
+
+    result = {"spearman_robust_vs_proxy": 0.9, "spearman_fixed_lap_vs_proxy": 0.3}
+    fig = scatter_figure([0.2, 0.8, 0.9], [0.5, 1.0, 1.0], [0.1, 0.7, 0.9], {2: "last", 1: "consecutive-good"}, result)
+    try:
+        assert [ax.get_xlabel() for ax in fig.axes] == ["robust sim score", "fixed-lap sim score"]
+        assert [ax.get_title() for ax in fig.axes] == ["Spearman 0.900", "Spearman 0.300"]
+        notes = {t.get_text(): t.xy for t in fig.axes[0].texts}
+        assert notes == {"last": (0.9, 0.9), "consecutive-good": (0.8, 0.7)}
+    finally:
+        plt.close(fig)
