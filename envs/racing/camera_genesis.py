@@ -65,21 +65,34 @@ def wall_mesh(scene: TrackScene) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(verts, dtype=np.float32), np.asarray(faces, dtype=np.int64)
 
 
-def fisheye_grid(cfg: CameraConfig) -> Tensor:
-    """`(1, H, W, 2)` grid_sample coordinates that resample a pinhole image of `cfg.hfov_deg` into an equidistant
-    fisheye image of the same horizontal field of view (the fisheye corners see beyond the pinhole image: black)."""
+FISHEYE_MAX_OFF_AXIS_DEG = 80.0
+"""a pinhole render cannot see sideways: fisheye pixels further off axis than this stay black"""
+
+
+def fisheye_render(cfg: CameraConfig, scale: float = 0.75) -> tuple[tuple[int, int], float, Tensor]:
+    """The pinhole render behind an equidistant fisheye lens of `cfg.hfov_deg`: its resolution `(W, H)`, its vertical
+    field of view (degrees), and the `(1, H, W, 2)` grid_sample coordinates that resample it into the fisheye frame.
+
+    The render covers every fisheye pixel up to `FISHEYE_MAX_OFF_AXIS_DEG` off axis, corners included (the car's lens
+    fills its frame), at `scale` times the fisheye's focal length at the image centre; the pinhole magnifies the
+    periphery, so the edges are sampled finer than the centre."""
     w, h = cfg.width, cfg.height_px
-    half_fov = math.radians(cfg.hfov_deg) / 2
-    f_fish = (w / 2) / half_fov
-    f_pin = (w / 2) / math.tan(half_fov)
+    f_fish = (w / 2) / math.radians(cfg.hfov_deg / 2)
     xs = torch.arange(w, dtype=torch.float64) + 0.5 - w / 2
     ys = torch.arange(h, dtype=torch.float64) + 0.5 - h / 2
     px, py = torch.meshgrid(xs, ys, indexing="xy")
     r = torch.sqrt(px * px + py * py).clamp(min=1e-9)
-    theta = (r / f_fish).clamp(max=math.radians(89.0))
-    scale = f_pin * torch.tan(theta) / r
-    gx, gy = px * scale / (w / 2), py * scale / (h / 2)
-    return torch.stack([gx, gy], -1).float().unsqueeze(0)
+    theta = r / f_fish
+    visible = theta <= math.radians(FISHEYE_MAX_OFF_AXIS_DEG)
+    t = torch.tan(theta.clamp(max=math.radians(FISHEYE_MAX_OFF_AXIS_DEG)))
+    ux, uy = t * px / r, t * py / r  # pinhole image coordinates at unit focal length
+    f_pin = scale * f_fish
+    wp = 2 * math.ceil(f_pin * float(ux.abs().max()))
+    hp = 2 * math.ceil(f_pin * float(uy.abs().max()))
+    vfov = 2 * math.degrees(math.atan(hp / 2 / f_pin))
+    gx = torch.where(visible, ux * f_pin / (wp / 2), torch.full_like(ux, 3.0))  # outside the render: black
+    gy = torch.where(visible, uy * f_pin / (hp / 2), torch.full_like(uy, 3.0))
+    return (wp, hp), vfov, torch.stack([gx, gy], -1).float().unsqueeze(0)
 
 
 def mount_transform(cfg: CameraConfig, base_height: float = 0.0) -> np.ndarray:
@@ -109,13 +122,19 @@ class GenesisCamera:
         genesis: GenesisConfig | None = None,
     ) -> None:
         self.device = torch.device(device)
-        self.warp = fisheye_grid(cfg).to(self.device) if cfg.lens == "fisheye" else None
+        genesis = genesis or GenesisConfig()
+        vfov = 2 * math.degrees(math.atan(math.tan(math.radians(cfg.hfov_deg) / 2) * cfg.height_px / cfg.width))
+        res, self.warp = (cfg.width, cfg.height_px), None
+        if cfg.lens == "fisheye":
+            res, vfov, warp = fisheye_render(cfg, genesis.fisheye_scale)
+            self.warp = warp.to(self.device)
+            self.visible = (warp.abs() <= 1.0 + 1e-6).all(-1).unsqueeze(1).to(self.device)  # (1, 1, H, W)
         look = scene.cfg
         az, el = math.radians(look.light_azimuth_deg), math.radians(look.light_elevation_deg)
         light_dir = (-math.cos(el) * math.cos(az), -math.cos(el) * math.sin(az), -math.sin(el))
         self.cfg, self.track_scene = cfg, scene
         self.num_envs = physics.num_envs
-        self.msaa_samples = (genesis or GenesisConfig()).msaa_samples
+        self.msaa_samples = genesis.msaa_samples
         gs = init_genesis(self.device, genesis)
         _limit_msaa_samples()
         self.gs = gs
@@ -175,8 +194,7 @@ class GenesisCamera:
                 gs.morphs.Mesh(file=str(path), fixed=True, collision=False),
                 surface=gs.surfaces.Default(color=(shade, shade * 0.9, shade * 0.8)),
             )
-        vfov = 2 * math.degrees(math.atan(math.tan(math.radians(cfg.hfov_deg) / 2) * cfg.height_px / cfg.width))
-        self.camera = self.scene.add_camera(res=(cfg.width, cfg.height_px), fov=vfov, near=0.01, far=40.0, GUI=False)
+        self.camera = self.scene.add_camera(res=res, fov=vfov, near=0.01, far=40.0, GUI=False)
         try:
             self.scene.build(n_envs=self.num_envs)
         except Exception as err:  # the rasterizer needs an OpenGL context
@@ -207,7 +225,8 @@ class GenesisCamera:
         luma = ((rgb @ LUMA.to(rgb.device)) * visuals.brightness.view(-1, 1, 1)).unsqueeze(1)
         if self.warp is not None:
             grid = self.warp.expand(luma.shape[0], -1, -1, -1)
-            luma = torch.nn.functional.grid_sample(luma, grid, mode="bilinear", align_corners=False)
+            luma = torch.nn.functional.grid_sample(luma, grid, "bilinear", "border", align_corners=False)
+            luma = luma * self.visible
         return luma.clamp_(0, 255).to(torch.uint8)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from envs.errors import ConfigError
+from envs.errors import ConfigError, check_range
 from envs.racing.car import CarSpec
 from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets, load_params
 
@@ -47,10 +47,15 @@ class GenesisConfig:
     msaa_samples: int = 0
     """multisample anti-aliasing of the Genesis rasterizer (0 = off); on a software rasterizer 4 samples cost ~3x
     the render time of a frame, and the sensor model blurs edges anyway"""
+    fisheye_scale: float = 0.75
+    """resolution of the pinhole render behind a fisheye lens, as a fraction of the fisheye's focal length at the
+    image centre (the render covers the whole fisheye frame; 1.0 keeps the centre at full resolution, at ~1.8x the
+    pixels of 0.75)"""
 
     def __post_init__(self) -> None:
         if self.msaa_samples not in (0, 2, 4):
             raise ConfigError(f"genesis.msaa_samples={self.msaa_samples}; use 0 (off), 2 or 4")
+        check_range("genesis.fisheye_scale", self.fisheye_scale, 0.25, 2.0)
 
 
 class _CpuName:

@@ -57,6 +57,24 @@ def test_rays_point_forward_and_down_at_the_image_centre():
     assert math.degrees(math.atan2(edge[1], edge[0])) == pytest.approx(75.0 * 159 / 160, abs=1.0)
 
 
+@pytest.mark.parametrize("hfov", [100.0, 120.0])
+def test_genesis_fisheye_render_covers_the_frame_and_matches_the_projective_lens(hfov):
+    """Every fisheye pixel samples inside the pinhole render (no black corners), along the ray the projective camera
+    casts for the same pixel."""
+    from envs.racing.camera_genesis import fisheye_render
+
+    cfg = CameraConfig(lens="fisheye", hfov_deg=hfov, pitch_deg=0.0)
+    (wp, hp), vfov, grid = fisheye_render(cfg, scale=0.75)
+    assert grid.shape == (1, 120, 160, 2) and grid.abs().max() <= 1.0
+    f_pin = (hp / 2) / math.tan(math.radians(vfov) / 2)
+    assert f_pin == pytest.approx(0.75 * 80 / math.radians(hfov / 2), rel=1e-6)
+    right, down = grid[0, ..., 0] * (wp / 2) / f_pin, grid[0, ..., 1] * (hp / 2) / f_pin
+    ray = torch.stack([torch.ones_like(right), -right, -down], -1)  # car frame at zero pitch: x fwd, y left, z up
+    ray = ray / ray.norm(dim=-1, keepdim=True)
+    assert torch.allclose(ray, pixel_rays(cfg), atol=1e-4)
+    assert (wp, hp) > (160, 120), "the pinhole sees the corners, so it is wider than the fisheye frame"
+
+
 def test_walls_only_change_pixels_above_the_ground_horizon(oval_scene):
     no_walls = TrackScene(builtin_track("oval"), SceneConfig(walls=False))
     pose = (torch.tensor([0.0]), torch.tensor([-1.2]), torch.tensor([0.3]))

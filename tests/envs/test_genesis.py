@@ -144,8 +144,8 @@ def test_reality_proxy_env_builds_renders_and_steps():
     assert env.cfg.physics == "genesis" and env.cfg.dt_physics == pytest.approx(1 / 120)
     cam = env.get_observations()["camera"].float()
     assert cam.shape == (2, 1, 120, 160)
-    corners = torch.cat([cam[..., :6, :6], cam[..., :6, -6:]], -1).mean()
-    assert corners < 0.5 * cam[..., 40:80, 60:100].mean(), "fisheye corners and vignetting are dark"
+    corners = torch.cat([cam[..., :6, :6], cam[..., :6, -6:]], -1)
+    assert corners.mean() > 20, "the fisheye fills its frame: no black corners"
     for _ in range(10):
         obs, rew, dones, _ = env.step(torch.full((2,), 7, dtype=torch.long))
     assert env.physics.state.speed.min() > 0.3 and env.world.battery.max() < 1.0
