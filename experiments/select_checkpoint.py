@@ -38,12 +38,14 @@ from experiments.transfer import (
     Evaluator,
     action_agreement,
     decompose_gap,
+    episode_scores,
     fixed_lap_env_config,
     pick_best,
     pick_consecutive_good,
     pick_last,
     robust_env_config,
     spearman,
+    spearman_interval,
 )
 from experiments.transfer_report import write_report
 from experiments.wandb_logger import RunLogger, WandbConfig
@@ -124,8 +126,9 @@ def main(cfg: SelectConfig) -> dict:
             row: dict = {"checkpoint": str(path), "name": path.stem}
             for name, evaluator in evaluators.items():
                 t = time.time()
-                metrics, _ = evaluator(policy)
+                metrics, records = evaluator(policy)
                 row[name] = metrics
+                row[f"{name}_episodes"] = episode_scores(records)
                 row[f"{name}_seconds"] = time.time() - t
             rows.append(row)
             console.print(
@@ -152,6 +155,10 @@ def main(cfg: SelectConfig) -> dict:
     result: dict = {
         "run": cfg.run_dir, "checkpoints": rows, "picks": picks,
         "spearman_robust_vs_proxy": spearman(robust, proxy), "spearman_fixed_lap_vs_proxy": spearman(fixed, proxy),
+        "spearman_robust_vs_proxy_ci": spearman_interval(
+            [r["robust_episodes"] for r in rows], [r["proxy_episodes"] for r in rows]),
+        "spearman_fixed_lap_vs_proxy_ci": spearman_interval(
+            [r["fixed_lap_episodes"] for r in rows], [r["proxy_episodes"] for r in rows]),
         "best_proxy": {"index": int(proxy.index(best_proxy)), "score": best_proxy},
         "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
         "scoring_seconds": time.time() - t0,

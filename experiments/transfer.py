@@ -47,6 +47,11 @@ def score(metrics: dict[str, float]) -> float:
     return float(metrics["progress"])
 
 
+def episode_scores(records: list) -> list[float]:
+    """The per-episode terms whose mean is `score`: each episode's progress, one lap capped at 1.0."""
+    return [min(r.progress, 1.0) for r in records]
+
+
 class Evaluator:
     """One evaluation env, built once and reused for every policy (Genesis scenes are slow to build)."""
 
@@ -90,6 +95,33 @@ def spearman(x, y) -> float:
     if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def spearman_interval(
+    x_episodes: list, y_episodes: list, level: float = 0.95, samples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Bootstrap interval of `spearman` between per-checkpoint mean scores: every resample draws each checkpoint's
+    episodes with replacement on both sides (the evaluation noise), then correlates the means. `x_episodes[i]` holds
+    checkpoint i's per-episode scores. With few episodes per checkpoint the interval is wide: it says how far the
+    measured correlation can be trusted. Resamples with a constant side (undefined correlation) are left out."""
+    if len(x_episodes) != len(y_episodes):
+        raise ValueError(f"{len(x_episodes)} vs {len(y_episodes)} checkpoints")
+    rng = np.random.default_rng(seed)
+
+    def resampled_means(episodes: list) -> np.ndarray:  # (samples, checkpoints)
+        out = np.empty((samples, len(episodes)))
+        for i, eps in enumerate(episodes):
+            eps = np.asarray(eps, dtype=np.float64)
+            out[:, i] = eps[rng.integers(0, len(eps), (samples, len(eps)))].mean(1)
+        return out
+
+    xs, ys = resampled_means(x_episodes), resampled_means(y_episodes)
+    rho = np.array([spearman(a, b) for a, b in zip(xs, ys)])
+    rho = rho[~np.isnan(rho)]
+    if len(rho) == 0:
+        return (float("nan"), float("nan"))
+    tail = 100.0 * (1.0 - level) / 2.0
+    return (float(np.percentile(rho, tail)), float(np.percentile(rho, 100.0 - tail)))
 
 
 # ----------------------------------------------------------------------------------------- selection rules

@@ -16,19 +16,33 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{x:.0%}" if pct else f"{x:.3f}"
 
 
+def _interval(result: dict, key: str) -> str:
+    lo, hi = result.get(f"{key}_ci") or (math.nan, math.nan)
+    return "" if math.isnan(lo) else f" (95% interval {_fmt(lo)} to {_fmt(hi)} over resampled episodes)"
+
+
+def indistinguishable_from_best(rows: list[dict], best: int) -> int:
+    """How many checkpoints' proxy lap-completion intervals overlap the best checkpoint's (the best included): the
+    checkpoints the proxy cannot tell apart, among which no sim score can be expected to rank."""
+    lo = rows[best]["proxy"].get("lap_completion_ci_low", math.nan)
+    return sum(r["proxy"].get("lap_completion_ci_high", math.nan) >= lo for r in rows)
+
+
 def scatter_figure(robust, fixed, proxy, labels: dict[int, str], result: dict):
     """Proxy score against the robust and the fixed-lap sim score, one point per checkpoint, the picks named."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, xs, axis_label, rho in (
-        (axes[0], robust, "robust sim score", result["spearman_robust_vs_proxy"]),
-        (axes[1], fixed, "fixed-lap sim score", result["spearman_fixed_lap_vs_proxy"]),
+    for ax, xs, axis_label, key in (
+        (axes[0], robust, "robust sim score", "spearman_robust_vs_proxy"),
+        (axes[1], fixed, "fixed-lap sim score", "spearman_fixed_lap_vs_proxy"),
     ):
+        rho = result[key]
         ax.scatter(xs, proxy, c=range(len(xs)), cmap="viridis")
         for index, pick_label in labels.items():
             ax.annotate(pick_label, (xs[index], proxy[index]), fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.set_xlabel(axis_label)
         ax.set_ylabel("reality-proxy score")
-        ax.set_title(f"Spearman {_fmt(rho)}")
+        lo, hi = result.get(f"{key}_ci") or (math.nan, math.nan)
+        ax.set_title(f"Spearman {_fmt(rho)}" + ("" if math.isnan(lo) else f" [{_fmt(lo)}, {_fmt(hi)}]"))
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
@@ -68,6 +82,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
     fig.savefig(by_ckpt, dpi=110)
     plt.close(fig)
 
+    tied = indistinguishable_from_best(rows, result["best_proxy"]["index"])
     lines = [
         f"# Transfer report: {result.get('run') or 'checkpoints'}",
         "",
@@ -75,10 +90,13 @@ def write_report(result: dict, out: Path) -> list[Path]:
         f"(substeps {result['reality']['substeps']}), camera `{result['reality']['camera']}` "
         f"(lens `{result['reality']['lens']}`).",
         "",
-        f"- Spearman, robust sim score vs proxy score: **{_fmt(result['spearman_robust_vs_proxy'])}**",
-        f"- Spearman, fixed-lap sim score vs proxy score: **{_fmt(result['spearman_fixed_lap_vs_proxy'])}**",
+        f"- Spearman, robust sim score vs proxy score: **{_fmt(result['spearman_robust_vs_proxy'])}**"
+        + _interval(result, "spearman_robust_vs_proxy"),
+        f"- Spearman, fixed-lap sim score vs proxy score: **{_fmt(result['spearman_fixed_lap_vs_proxy'])}**"
+        + _interval(result, "spearman_fixed_lap_vs_proxy"),
         f"- best checkpoint in the proxy: {names[result['best_proxy']['index']]} "
-        f"(score {_fmt(result['best_proxy']['score'])})",
+        f"(score {_fmt(result['best_proxy']['score'])}); {tied} of {len(rows)} checkpoints have 95% lap-completion "
+        "intervals in the proxy that overlap its interval",
         "",
         "| rule | pick | robust score | proxy score | proxy laps | vs best in proxy |",
         "|---|---|---|---|---|---|",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from experiments.transfer import pick_best, pick_consecutive_good, pick_last, rank, spearman
+from experiments.transfer import pick_best, pick_consecutive_good, pick_last, rank, spearman, spearman_interval
 
 
 def test_rank_averages_ties():
@@ -24,6 +24,34 @@ def test_spearman_hand_example_and_scipy():
         y = x + rng.normal(0, 1.5, 12)
         assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_spearman_interval_collapses_without_noise_and_widens_with_it():
+    # Every episode of a checkpoint scores the same: each resample reproduces the means, so the interval is the point.
+    x = [[0.1] * 5, [0.5] * 5, [0.9] * 5, [0.7] * 5]
+    y = [[0.2] * 8, [0.4] * 8, [1.0] * 8, [0.9] * 8]
+    assert spearman_interval(x, y) == pytest.approx((1.0, 1.0))
+    # Lap completion of 0/1 episodes: true success rates 0.50..0.95; 20 vs 200 proxy episodes per checkpoint.
+    rng = np.random.default_rng(1)
+    rates = np.linspace(0.5, 0.95, 10)
+    sim = [rng.binomial(1, p, 16).astype(float) for p in rates]
+    few = [rng.binomial(1, p, 20).astype(float) for p in rates]
+    many = [rng.binomial(1, p, 200).astype(float) for p in rates]
+    lo_few, hi_few = spearman_interval(sim, few)
+    lo_many, hi_many = spearman_interval(sim, many)
+    point = spearman([e.mean() for e in sim], [e.mean() for e in few])
+    assert lo_few <= point <= hi_few and -1.0 <= lo_few < hi_few <= 1.0
+    assert hi_many - lo_many < hi_few - lo_few, "more proxy episodes, a tighter interval"
+    with pytest.raises(ValueError, match="checkpoints"):
+        spearman_interval(x, y[:3])
+
+
+def test_report_counts_the_checkpoints_the_proxy_cannot_tell_from_the_best():
+    from experiments.transfer_report import indistinguishable_from_best
+
+    rows = [{"proxy": {"lap_completion_ci_low": lo, "lap_completion_ci_high": hi}}
+            for lo, hi in ((0.0, 0.2), (0.6, 0.95), (0.83, 1.0), (0.5, 0.82))]  # fmt: skip
+    assert indistinguishable_from_best(rows, best=2) == 2  # itself and the one reaching 0.95 >= 0.83
 
 
 def test_consecutive_good_takes_the_middle_of_the_longest_run():

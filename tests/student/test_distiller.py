@@ -100,6 +100,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     report = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
     assert len(report["checkpoints"]) == 2 and set(report["picks"]) == {"consecutive-good", "last", "best-single"}
     assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
+    assert len(report["spearman_robust_vs_proxy_ci"]) == 2 and len(report["checkpoints"][0]["proxy_episodes"]) == 2
     assert 0.0 <= report["agreement"]["agreement"] <= 1.0 and report["agreement"]["steps"] > 0
     assert (tmp_path / "s" / "transfer" / "transfer_scatter.png").stat().st_size > 5_000
     # A tiny robust evaluation in the sim and the proxy.
