@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from envs.config_io import write_text_atomic
+from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, flatten, reality_env_config
@@ -79,6 +79,9 @@ class SelectConfig:
     """split the consecutive-good pick's gap into perception and dynamics parts, with action agreement"""
     out_dir: str = ""
     """where the report goes (empty: <run-dir>/transfer)"""
+    reuse_scores: bool = True
+    """reuse the scores of checkpoints already scored with the same settings (<out-dir>/scores.json, written after
+    every checkpoint): a stopped selection continues where it stopped"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,37 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     return chosen
 
 
+class ScoreCache:
+    """Per-checkpoint scores in `scores.json`, rewritten atomically after every checkpoint. An entry is reused only
+    for the same file (name, size, modification time) scored with the same evaluation settings; the evaluations are
+    seeded, so a reused row equals what scoring again would give."""
+
+    def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:
+        self.path = path
+        self.key = {name: to_yaml(getattr(cfg, name)) for name in ("action_noise", "robust", "fixed_lap", "proxy",
+                                                                    "reality")}  # fmt: skip
+        self.rows: dict[str, dict] = {}
+        if enabled and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+            if saved.get("key") == self.key:
+                self.rows = saved.get("rows", {})
+
+    @staticmethod
+    def _stamp(checkpoint: Path) -> str:
+        st = checkpoint.stat()
+        return f"{checkpoint.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+    def get(self, checkpoint: Path) -> dict | None:
+        return self.rows.get(self._stamp(checkpoint))
+
+    def put(self, checkpoint: Path, row: dict) -> None:
+        self.rows[self._stamp(checkpoint)] = row
+        write_text_atomic(self.path, json.dumps({"key": self.key, "rows": self.rows}, default=float))
+
+
 def main(cfg: SelectConfig) -> dict:
     console = Console()
     paths = find_checkpoints(cfg)
@@ -120,19 +154,25 @@ def main(cfg: SelectConfig) -> dict:
         "proxy": Evaluator(reality_env_config(env_cfg, cfg.reality), cfg.proxy),
     }
     rows = []
+    cache = ScoreCache(out / "scores.json", cfg, cfg.reuse_scores)
     try:
         for i, path in enumerate(paths):
-            policy = load_policy(str(path))
-            row: dict = {"checkpoint": str(path), "name": path.stem}
-            for name, evaluator in evaluators.items():
-                t = time.time()
-                metrics, records = evaluator(policy)
-                row[name] = metrics
-                row[f"{name}_episodes"] = episode_scores(records)
-                row[f"{name}_seconds"] = time.time() - t
+            row = cache.get(path)
+            reused = row is not None
+            if row is None:
+                policy = load_policy(str(path))
+                row = {"checkpoint": str(path), "name": path.stem}
+                for name, evaluator in evaluators.items():
+                    t = time.time()
+                    metrics, records = evaluator(policy)
+                    row[name] = metrics
+                    row[f"{name}_episodes"] = episode_scores(records)
+                    row[f"{name}_seconds"] = time.time() - t
+                cache.put(path, row)
             rows.append(row)
             console.print(
-                f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
+                ("(scored before) " if reused else "")
+                + f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
                 f"{row['fixed_lap']['score']:.3f}, proxy {row['proxy']['score']:.3f} "
                 f"(laps {row['proxy']['lap_completion']:.0%}, {row['proxy_seconds']:.0f} s)"
             )

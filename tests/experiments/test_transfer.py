@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -94,3 +95,24 @@ def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
         assert notes == {"last": (0.9, 0.9), "consecutive-good": (0.8, 0.7)}
     finally:
         plt.close(fig)
+
+
+def test_score_cache_reuses_a_checkpoint_only_unchanged_and_with_the_same_settings(tmp_path):
+    import os
+
+    from experiments.select_checkpoint import PRESETS, ScoreCache
+
+    cfg = PRESETS["smoke"][1]
+    ckpt = tmp_path / "round_001.pt"
+    ckpt.write_bytes(b"weights")
+    cache = ScoreCache(tmp_path / "scores.json", cfg)
+    cache.put(ckpt, {"name": "round_001", "proxy": {"score": 0.5}})
+    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)["proxy"]["score"] == 0.5
+    assert ScoreCache(tmp_path / "scores.json", cfg, enabled=False).get(ckpt) is None
+    other = replace(cfg, proxy=replace(cfg.proxy, seed=cfg.proxy.seed + 1))
+    assert ScoreCache(tmp_path / "scores.json", other).get(ckpt) is None, "other episodes: score again"
+    st = ckpt.stat()
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None, "a rewritten checkpoint is scored again"
+    (tmp_path / "scores.json").write_text("{not json")
+    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None

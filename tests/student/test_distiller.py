@@ -101,6 +101,14 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert len(report["checkpoints"]) == 2 and set(report["picks"]) == {"consecutive-good", "last", "best-single"}
     assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
     assert len(report["spearman_robust_vs_proxy_ci"]) == 2 and len(report["checkpoints"][0]["proxy_episodes"]) == 2
+    # Run again: every checkpoint's scores come back from scores.json, and the report is the same.
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.count("scored before") == 2, proc.stdout[-2000:]
+    again = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
+    assert [r["proxy"]["score"] for r in again["checkpoints"]] == [r["proxy"]["score"] for r in report["checkpoints"]]
     assert 0.0 <= report["agreement"]["agreement"] <= 1.0 and report["agreement"]["steps"] > 0
     assert (tmp_path / "s" / "transfer" / "transfer_scatter.png").stat().st_size > 5_000
     # A tiny robust evaluation in the sim and the proxy.
