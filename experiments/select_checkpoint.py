@@ -111,7 +111,7 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
 
 class ScoreCache:
     """Per-checkpoint scores in `scores.json`, rewritten atomically after every checkpoint. An entry is reused only
-    for the same file (name, size, modification time) scored with the same evaluation settings; the evaluations are
+    for the same file (path, size, modification time) scored with the same evaluation settings; the evaluations are
     seeded, so a reused row equals what scoring again would give."""
 
     def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:

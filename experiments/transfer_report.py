@@ -16,8 +16,14 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{x:.0%}" if pct else f"{x:.3f}"
 
 
-def _interval(result: dict, key: str) -> str:
+def _ci(result: dict, key: str) -> tuple[float, float]:
+    """The bootstrap interval stored next to a correlation (nan, nan for reports written before intervals)."""
     lo, hi = result.get(f"{key}_ci") or (math.nan, math.nan)
+    return lo, hi
+
+
+def _interval(result: dict, key: str) -> str:
+    lo, hi = _ci(result, key)
     return "" if math.isnan(lo) else f" (95% interval {_fmt(lo)} to {_fmt(hi)} over resampled episodes)"
 
 
@@ -41,7 +47,7 @@ def scatter_figure(robust, fixed, proxy, labels: dict[int, str], result: dict):
             ax.annotate(pick_label, (xs[index], proxy[index]), fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.set_xlabel(axis_label)
         ax.set_ylabel("reality-proxy score")
-        lo, hi = result.get(f"{key}_ci") or (math.nan, math.nan)
+        lo, hi = _ci(result, key)
         ax.set_title(f"Spearman {_fmt(rho)}" + ("" if math.isnan(lo) else f" [{_fmt(lo)}, {_fmt(hi)}]"))
         ax.grid(alpha=0.3)
     fig.tight_layout()
