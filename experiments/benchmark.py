@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from rich.console import Console
@@ -27,6 +28,9 @@ from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.physics_genesis import GenesisConfig
 from experiments.cli import run
+from teacher.pure_pursuit import PurePursuitDriver
+
+Driver = Literal["random", "pure-pursuit"]
 
 
 @dataclass(frozen=True)
@@ -53,14 +57,19 @@ class BenchmarkConfig:
     """torch threads (0 = torch's default)"""
     genesis_performance_mode: bool = False
     """Genesis static-array kernels (faster steps, slower warm builds; see env.genesis.performance_mode)"""
+    drivers: tuple[Driver, ...] = ("random",)
+    """who picks the actions of the state-only envs (bicycle and Genesis): `random` (uniform discrete actions: cars
+    leave the track within about a second, so nearly every step resets some envs) and/or `pure-pursuit` (the scripted
+    driver laps the track: the workload of evaluation, few resets); one measurement per driver"""
     out: str = "outputs/benchmark.json"
     """JSON output path"""
     single: str = ""
     """internal: run one measurement `kind:num_envs` in this process and print its JSON"""
 
 
-def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
-    """Time env.step with random actions; returns steps/s, env-steps/s (= frames/s with a camera) and peak RSS."""
+def measure(cfg: BenchmarkConfig, kind: str, num_envs: int, driver: Driver = "random") -> dict:
+    """Time env.step with the driver's actions; returns steps/s, env-steps/s (= frames/s with a camera) and peak
+    RSS. The pure-pursuit driver's own time (a few small tensor ops per step) is inside the timed loop."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     camera = {"camera": "projective", "genesis_camera": "genesis"}.get(kind, "none")
@@ -81,14 +90,24 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     steps = {"state": cfg.steps, "genesis": max(10, cfg.steps // 2)}.get(kind, max(10, cfg.steps // 4))
     actions = [torch.randint(0, env.action_space.num_choices, (num_envs, 1), generator=gen).float() for _ in range(8)]
+    act = lambda i, obs: actions[i % 8]  # noqa: E731
+    if driver == "pure-pursuit":
+        obs_cfg = env_cfg.obs
+        pursuit = PurePursuitDriver(env.action_space, env_cfg.car, obs_cfg.lookahead_points, obs_cfg.lookahead_spacing)
+        act = lambda i, obs: pursuit.act(obs)  # noqa: E731
+    obs = env.get_observations()
+    dones = 0
     for i in range(cfg.warmup):
-        env.step(actions[i % 8])
+        obs = env.step(act(i, obs))[0]
     t0 = time.perf_counter()
     for i in range(steps):
-        env.step(actions[i % 8])
+        obs, _, done, _ = env.step(act(i, obs))
+        dones += int(done.sum())
     elapsed = time.perf_counter() - t0
     result = {
         "kind": kind,
+        "driver": driver,
+        "resets_per_step": dones / steps,
         "num_envs": num_envs,
         "steps": steps,
         "seconds": elapsed,
@@ -125,18 +144,23 @@ def machine() -> dict:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
+        # Other work on the machine shifts every figure: the 1-minute load average before the measurements started.
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
 
 
 def main(cfg: BenchmarkConfig) -> dict:
     if cfg.single:
-        kind, n = cfg.single.split(":")
-        print(json.dumps(measure(cfg, kind, int(n))))
+        kind, n, driver = [*cfg.single.split(":"), "random"][:3]
+        print(json.dumps(measure(cfg, kind, int(n), driver)))  # type: ignore[arg-type]
         return {}
     console = Console()
+    host = machine()  # before the measurements load the machine themselves
     results = []
-    plan = [("state", n) for n in cfg.state_envs] + [("camera", n) for n in cfg.camera_envs]
-    plan += [("genesis", n) for n in cfg.genesis_envs] + [("genesis_camera", n) for n in cfg.genesis_camera_envs]
+    plan = [("state", n, d) for n in cfg.state_envs for d in cfg.drivers]
+    plan += [("camera", n, "random") for n in cfg.camera_envs]
+    plan += [("genesis", n, d) for n in cfg.genesis_envs for d in cfg.drivers]
+    plan += [("genesis_camera", n, "random") for n in cfg.genesis_camera_envs]
     base = [sys.executable, "-m", "experiments.benchmark", "default"]
     flags = [
         "--steps",
@@ -156,23 +180,27 @@ def main(cfg: BenchmarkConfig) -> dict:
         "--genesis-camera-envs",
         *map(str, cfg.genesis_camera_envs),
     ]
-    for kind, n in plan:
-        console.print(f"measuring {kind} env at {n} envs ...")
-        proc = subprocess.run([*base, *flags, "--single", f"{kind}:{n}"], capture_output=True, text=True, check=False)
+    for kind, n, driver in plan:
+        console.print(f"measuring {kind} env at {n} envs ({driver} actions) ...")
+        proc = subprocess.run(
+            [*base, *flags, "--single", f"{kind}:{n}:{driver}"], capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
-            raise RuntimeError(f"benchmark {kind}:{n} failed:\n{proc.stderr[-2000:]}")
+            raise RuntimeError(f"benchmark {kind}:{n}:{driver} failed:\n{proc.stderr[-2000:]}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     table = Table(title="env throughput (build: env construction incl. gs.init and scene builds, after the import)")
-    for col in ("env", "envs", "env-steps/s", "render-only frames/s", "peak RSS (MiB)", "build (s)"):
+    columns = ("env", "actions", "envs", "resets/step", "env-steps/s", "render-only frames/s", "peak RSS (MiB)",
+               "build (s)")  # fmt: skip
+    for col in columns:
         table.add_column(col)
     for r in results:
         table.add_row(
-            r["kind"], str(r["num_envs"]), f"{r['env_steps_per_s']:,.0f}",
+            r["kind"], r["driver"], str(r["num_envs"]), f"{r['resets_per_step']:.1f}", f"{r['env_steps_per_s']:,.0f}",
             f"{r.get('render_only_frames_per_s', float('nan')):,.0f}", f"{r['peak_rss_mib']:.0f}",
             f"{r['build_seconds']:.1f}",
         )  # fmt: skip
     console.print(table)
-    report = {"machine": machine(), "config": {**cfg.__dict__}, "results": results}
+    report = {"machine": host, "config": {**cfg.__dict__}, "results": results}
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -186,7 +214,9 @@ PRESETS = {
     "default": ("state {256, 1024, 4096} and camera {16, 64, 256}", BenchmarkConfig()),
     "smoke": (
         "a few steps at small sizes (checks the script, not the machine)",
-        BenchmarkConfig(state_envs=(64,), camera_envs=(4,), steps=8, warmup=2, compile=False),
+        BenchmarkConfig(
+            state_envs=(64,), camera_envs=(4,), drivers=("random", "pure-pursuit"), steps=8, warmup=2, compile=False
+        ),
     ),
     "genesis": (
         "Genesis state-only {16, 64, 256} and Genesis camera {1, 16, 64} (build times included)",
@@ -195,6 +225,7 @@ PRESETS = {
             camera_envs=(),
             genesis_envs=(16, 64, 256),
             genesis_camera_envs=(1, 16, 64),
+            drivers=("random", "pure-pursuit"),
             steps=200,
             warmup=20,
             out="outputs/benchmark_genesis.json",

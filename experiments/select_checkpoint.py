@@ -2,7 +2,7 @@
 
 Every saved checkpoint of a run is scored three ways: robust evaluation in the training sim (action noise, 8 starting
 points, both directions, randomized worlds), the console-style fixed lap (one nominal lap from the start line), and
-the held-out reality proxy (20 laps). Selection rules see only the sim scores: **consecutive-good** (the middle of
+the held-out reality proxy (80 laps). Selection rules see only the sim scores: **consecutive-good** (the middle of
 the longest run of checkpoints within a margin of the best robust score), **last**, and **best-single**; the report
 then says how each rule's pick does in the proxy, how well each sim score ranks the checkpoints by their proxy score
 (Spearman), and splits the pick's gap into its perception and dynamics parts.
@@ -33,8 +33,8 @@ from experiments.cli import run
 from experiments.evaluate import load_policy
 from experiments.transfer import (
     FIXED_LAP_EVAL,
-    PROXY_EVAL,
     ROBUST_EVAL,
+    SELECT_PROXY_EVAL,
     Evaluator,
     action_agreement,
     decompose_gap,
@@ -64,11 +64,11 @@ class SelectConfig:
     action_noise: float = 0.1
     """robust evaluation: action noise up to this fraction (DeepRacer's 10%)"""
     robust: EvalConfig = ROBUST_EVAL
-    """robust-evaluation episodes"""
+    """robust-evaluation episodes (64)"""
     fixed_lap: EvalConfig = FIXED_LAP_EVAL
     """fixed-lap (console-style) episodes"""
-    proxy: EvalConfig = PROXY_EVAL
-    """reality-proxy episodes (20 laps by default)"""
+    proxy: EvalConfig = SELECT_PROXY_EVAL
+    """reality-proxy episodes (80 laps by default; `--proxy.repeats 1` for 20)"""
     reality: RealityConfig = field(default_factory=RealityConfig)
     """the reality proxy"""
     good_margin: float = 0.05
@@ -246,7 +246,7 @@ def main(cfg: SelectConfig) -> dict:
 
 SMOKE_EVAL = EvalConfig(start_points=1, max_seconds=4.0, record_trajectories=False)
 PRESETS = {
-    "default": ("every checkpoint: robust sim, fixed lap and 20 proxy laps", SelectConfig()),
+    "default": ("every checkpoint: 64 robust sim episodes, fixed lap and 80 proxy laps", SelectConfig()),
     "smoke": (
         "tiny: 2 short episodes per score, bicycle/projective proxy with every unmodeled effect on",
         SelectConfig(
