@@ -64,7 +64,7 @@ class BenchmarkConfig:
     out: str = "outputs/benchmark.json"
     """JSON output path"""
     single: str = ""
-    """internal: run one measurement `kind:num_envs` in this process and print its JSON"""
+    """internal: run one measurement `kind:num_envs[:driver]` in this process and print its JSON"""
 
 
 def measure(cfg: BenchmarkConfig, kind: str, num_envs: int, driver: Driver = "random") -> dict:
