@@ -45,6 +45,7 @@ from experiments.transfer import (
     pick_last,
     robust_env_config,
     spearman,
+    spearman_by_summary,
     spearman_interval,
 )
 from experiments.transfer_report import write_report
@@ -199,6 +200,7 @@ def main(cfg: SelectConfig) -> dict:
             [r["robust_episodes"] for r in rows], [r["proxy_episodes"] for r in rows]),
         "spearman_fixed_lap_vs_proxy_ci": spearman_interval(
             [r["fixed_lap_episodes"] for r in rows], [r["proxy_episodes"] for r in rows]),
+        "spearman_by_robust_summary": spearman_by_summary([r["robust"] for r in rows], proxy),
         "best_proxy": {"index": int(proxy.index(best_proxy)), "score": best_proxy},
         "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
         "scoring_seconds": time.time() - t0,

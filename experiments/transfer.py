@@ -129,6 +129,30 @@ def spearman_interval(
     return (float(np.percentile(rho, tail)), float(np.percentile(rho, 100.0 - tail)))
 
 
+def _worst_direction(key: str):
+    def summary(m: dict) -> float:
+        sides = [m[f"{d}/{key}"] for d in ("forward", "reverse") if f"{d}/{key}" in m]
+        return min(sides) if sides else m[key]
+
+    return summary
+
+
+ROBUST_SUMMARIES = {
+    "progress (the robust score)": lambda m: m["progress"],
+    "lap completion": lambda m: m["lap_completion"],
+    "worst direction's progress": _worst_direction("progress"),
+    "fewest off-tracks": lambda m: -m["offtrack_count"],
+}
+"""other summaries of the same robust episodes, each higher = better"""
+
+
+def spearman_by_summary(robust: list[dict], proxy: list[float]) -> dict[str, float]:
+    """Spearman against the proxy scores of each robust-evaluation summary in `ROBUST_SUMMARIES`, from the stored
+    per-checkpoint metrics: which sim summary ranks a run's checkpoints like the proxy does (a diagnostic; the
+    selection rules keep the robust score)."""
+    return {name: spearman([f(m) for m in robust], proxy) for name, f in ROBUST_SUMMARIES.items()}
+
+
 # ----------------------------------------------------------------------------------------- selection rules
 @dataclass(frozen=True)
 class Pick:

@@ -112,6 +112,10 @@ def write_report(result: dict, out: Path) -> list[Path]:
             f"| {rule} | {p['checkpoint']} | {_fmt(p['robust_score'])} | {_fmt(p['proxy_score'])} | "
             f"{_fmt(p['proxy_lap_completion'], True)} | {_fmt(p['proxy_vs_best'], True)} |"
         )
+    summaries = result.get("spearman_by_robust_summary", {})
+    if summaries:
+        lines += ["", "Spearman vs the proxy score of other summaries of the same robust episodes: " + "; ".join(
+            f"{name} {_fmt(rho)}" for name, rho in summaries.items()) + "."]  # fmt: skip
     lines += ["", "| checkpoint | robust | fixed lap | proxy | proxy laps (fwd / rev) | proxy lap / optimal |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:

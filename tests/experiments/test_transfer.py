@@ -55,6 +55,25 @@ def test_report_counts_the_checkpoints_the_proxy_cannot_tell_from_the_best():
     assert indistinguishable_from_best(rows, best=2) == 2  # itself and the one reaching 0.95 >= 0.83
 
 
+def test_robust_summaries_rank_by_their_own_metric():
+    from experiments.transfer import spearman_by_summary
+
+    # Three checkpoints: progress rises, the worst direction falls, off-tracks fall (fewer is better).
+    robust = [
+        {"progress": 0.5, "lap_completion": 0.2, "offtrack_count": 9, "forward/progress": 0.9, "reverse/progress": 0.1},
+        {"progress": 0.7, "lap_completion": 0.6, "offtrack_count": 5, "forward/progress": 0.7, "reverse/progress": 0.7},
+        {"progress": 0.9, "lap_completion": 0.4, "offtrack_count": 1, "forward/progress": 1.0, "reverse/progress": 0.4},
+    ]
+    rho = spearman_by_summary(robust, [0.1, 0.5, 0.9])
+    assert rho["progress (the robust score)"] == pytest.approx(1.0)
+    assert rho["lap completion"] == pytest.approx(0.5)
+    assert rho["worst direction's progress"] == pytest.approx(0.5)  # worst sides 0.1, 0.7, 0.4
+    assert rho["fewest off-tracks"] == pytest.approx(1.0)
+    # One direction evaluated: the worst direction is that one (forward progress 0.9, 0.7, 1.0; ranks 2, 1, 3).
+    one_way = [{k: v for k, v in m.items() if not k.startswith("reverse/")} for m in robust]
+    assert spearman_by_summary(one_way, [0.9, 0.5, 0.1])["worst direction's progress"] == pytest.approx(-0.5)
+
+
 def test_consecutive_good_takes_the_middle_of_the_longest_run():
     scores = [0.2, 0.5, 0.97, 0.6, 0.93, 0.95, 0.96, 0.94, 0.5, 0.99, 0.7]
     pick = pick_consecutive_good(scores, margin=0.06)

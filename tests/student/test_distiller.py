@@ -15,6 +15,7 @@ from envs.augment import AugmentConfig
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
+from experiments.transfer import ROBUST_SUMMARIES
 from student.dagger import DaggerConfig
 from student.distiller import Distiller
 from student.model import StudentConfig
@@ -101,6 +102,8 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert len(report["checkpoints"]) == 2 and set(report["picks"]) == {"consecutive-good", "last", "best-single"}
     assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
     assert len(report["spearman_robust_vs_proxy_ci"]) == 2 and len(report["checkpoints"][0]["proxy_episodes"]) == 2
+    assert set(report["spearman_by_robust_summary"]) == set(ROBUST_SUMMARIES)
+    assert "worst direction's progress" in (tmp_path / "s" / "transfer" / "transfer.md").read_text()
     # Run again: every checkpoint's scores come back from scores.json, and the report is the same.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
