@@ -19,13 +19,15 @@ TIME_BINS = (0.0, 0.5, 1.0, 2.0, 4.0, 1e9)
 
 
 def estimate_targets(env: RacingEnv) -> torch.Tensor:
-    """Per-env ground truth `(N, 5)` of the explicit estimates, in TARGET_COLUMNS order."""
+    """Per-env ground truth `(N, len(TARGET_COLUMNS))` of the explicit estimates, in TARGET_COLUMNS order."""
     cols = {
         "action_latency": env.world.action_latency.float() * env.cfg.dt_physics,
         "camera_latency": env.world.camera_latency.float() * env.cfg.dt_physics,
         "friction": env.world.params.friction,
         "motor_gain": env.world.params.motor_gain,
         "speed": env.physics.state.vx,
+        "lateral_speed": env.physics.state.vy,
+        "yaw_rate": env.physics.state.yaw_rate,
     }
     return torch.stack([cols[c] for c in TARGET_COLUMNS], dim=-1)
 

@@ -2,9 +2,9 @@
 
 RMA / HORA style: a causal temporal conv net (default) or a GRU over the per-step features. Outputs z-hat (regressed
 onto the teacher's z = mu(e)), action- and camera-latency class logits (in physics substeps), friction, motor gain
-and speed. Training runs over whole windows `(B, T, ...)` with a mask (False = padding before the episode start);
-deployment runs one step at a time with explicit state (`init_state` / `step`), which computes exactly what the
-window pass computes for the newest step.
+and the body velocities (speed, lateral speed, yaw rate). Training runs over whole windows `(B, T, ...)` with a mask
+(False = padding before the episode start); deployment runs one step at a time with explicit state (`init_state` /
+`step`), which computes exactly what the window pass computes for the newest step.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from torch import Tensor, nn
 
 from envs.errors import check_range
 
-ESTIMATES = ("friction", "motor_gain", "speed")
-"""regressed scalars, in the order of the `estimates` output"""
+ESTIMATES = ("friction", "motor_gain", "speed", "lateral_speed", "yaw_rate")
+"""regressed scalars, in the order of the `estimates` output. The body velocities (speed, lateral speed, yaw rate)
+are dense per-frame targets: they teach the encoder the car's motion, which is what reveals friction (slip at a
+given speed and steering) and motor gain (speed reached for a command)."""
 
 
 @dataclass(frozen=True)

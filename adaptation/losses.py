@@ -8,9 +8,15 @@ from torch import Tensor
 
 from adaptation.history_encoder import ESTIMATES
 
-TARGET_COLUMNS = ("action_latency", "camera_latency", "friction", "motor_gain", "speed")
-"""columns of the dataset's `targets` field (latencies in seconds, speed in m/s)"""
-ESTIMATE_SCALE = {"friction": (1.0, 0.3), "motor_gain": (1.0, 0.15), "speed": (2.0, 1.5)}
+TARGET_COLUMNS = ("action_latency", "camera_latency", "friction", "motor_gain", "speed", "lateral_speed", "yaw_rate")
+"""columns of the dataset's `targets` field (latencies in seconds, speeds in m/s, yaw rate in rad/s)"""
+ESTIMATE_SCALE = {
+    "friction": (1.0, 0.3),
+    "motor_gain": (1.0, 0.15),
+    "speed": (2.0, 1.5),
+    "lateral_speed": (0.0, 0.08),
+    "yaw_rate": (0.0, 1.5),
+}
 """(centre, scale) used to normalize each regressed estimate"""
 
 
@@ -20,7 +26,7 @@ def latency_class(seconds: Tensor, dt_physics: float, classes: int) -> Tensor:
 
 
 def normalized_targets(targets: Tensor) -> Tensor:
-    """`(..., 5)` dataset targets -> `(..., 3)` normalized regression targets (friction, motor gain, speed)."""
+    """`(..., len(TARGET_COLUMNS))` dataset targets -> `(..., len(ESTIMATES))` normalized regression targets."""
     cols = []
     for name in ESTIMATES:
         centre, scale = ESTIMATE_SCALE[name]

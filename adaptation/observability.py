@@ -10,6 +10,7 @@ commands, and the regressor would read it from them rather than from the car's r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,23 +128,28 @@ def fit_r2(
 
 def observability(
     rec: Recording,
-    length: int,
+    lengths: Sequence[int],
     min_steps: int,
     feature_sets: dict[str, tuple[str, ...]] | None = None,
     iterations: int = 3000,
     holdout_every: int = 5,
 ) -> dict:
-    """Held-out R^2 of the factor from each feature set (every `holdout_every`-th env is held out: the test windows
-    come from cars and episodes the regressor never saw), plus how much of its grip the car uses."""  # fmt: skip
-    x, y, env_index = windows(rec, length, min_steps)
-    test = env_index % holdout_every == 0
-    out: dict = {"windows": len(y), "test_windows": int(test.sum()), "factor_std": float(y.std())}
-    for name, cols in (feature_sets or FEATURE_SETS).items():
+    """Held-out R^2 of the factor from each feature set and each history length in `lengths` (steps; every
+    `holdout_every`-th env is held out: the test windows come from cars and episodes the regressor never saw), plus
+    how much of its grip the car uses. The R^2 by length says how much driving the estimate needs."""  # fmt: skip
+    sets = feature_sets or FEATURE_SETS
+    for name, cols in sets.items():
         unknown = set(cols) - set(FEATURES)
         if unknown:
             raise ValueError(f"feature set {name!r}: unknown features {sorted(unknown)}; known: {FEATURES}")
-        idx = [FEATURES.index(c) for c in cols]
-        out[name] = fit_r2(x[..., idx], y, test, iterations)
+    out: dict = {"factor_std": float(rec.target.std()), "history": []}
+    for length in lengths:
+        x, y, env_index = windows(rec, length, min_steps)
+        test = env_index % holdout_every == 0
+        row: dict = {"steps": int(length), "windows": len(y), "test_windows": int(test.sum())}
+        for name, cols in sets.items():
+            row[name] = fit_r2(x[..., [FEATURES.index(c) for c in cols]], y, test, iterations)
+        out["history"].append(row)
     grip = rec.grip_use[rec.since_reset > 0].numpy()
     out["grip_use_percentiles"] = dict(zip(("p50", "p90", "p99"), np.percentile(grip, [50, 90, 99]).tolist()))
     return out

@@ -18,10 +18,12 @@ from typing import Any
 import h5py
 import numpy as np
 
+from adaptation.losses import TARGET_COLUMNS
 from envs.config_io import write_text_atomic
 from envs.errors import GapbridgeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: `targets` gained lateral speed and yaw rate"""
 MANIFEST = "manifest.json"
 
 
@@ -47,7 +49,7 @@ def rollout_schema(num_choices: int, latent_dim: int, num_factors: int, image_hw
         "executed_action": Field((1,), "float32"),
         "z": Field((latent_dim,), "float32"),
         "env_factors": Field((num_factors,), "float32"),
-        "targets": Field((5,), "float32"),  # action latency (s), camera latency (s), friction, motor gain, speed (m/s)
+        "targets": Field((len(TARGET_COLUMNS),), "float32"),  # adaptation.losses.TARGET_COLUMNS
         "terminated": Field((), "bool"),
         "truncated": Field((), "bool"),
         "episode": Field((), "int64"),  # global episode id

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
-from envs.errors import ConfigError
+from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
@@ -58,6 +58,12 @@ class EvaluateConfig:
     """where the JSON and plots go"""
     estimation: bool = True
     """students: also score the online estimates by time since reset, and run the mid-episode shift tests"""
+    estimation_envs: int = 128
+    """students: randomized cars (one world each) driven for the estimates by time since reset; an R^2 of a
+    per-episode factor such as friction rests on about this many distinct values"""
+
+    def __post_init__(self) -> None:
+        check_range("estimation_envs", self.estimation_envs, 1, 100_000)
 
 
 def load_policy(path: str):
@@ -133,7 +139,7 @@ def main(cfg: EvaluateConfig) -> dict:
                 f"{track}: sim-to-proxy gap {s_sim - s_proxy:+.3f} (score: sim {s_sim:.3f}, proxy {s_proxy:.3f})"
             )
     if cfg.estimation and "sim" in worlds and hasattr(policy, "model") and policy.model.history is not None:
-        results["estimation"] = online_estimation_report(policy.model, worlds["sim"], console)
+        results["estimation"] = online_estimation_report(policy.model, worlds["sim"], console, cfg.estimation_envs)
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
@@ -150,14 +156,14 @@ def evaluate_one(policy, env_cfg, eval_cfg: EvalConfig):
     return metrics, records, evaluator.env
 
 
-def online_estimation_report(model, env_cfg, console: Console) -> dict:
+def online_estimation_report(model, env_cfg, console: Console, num_envs: int = 128) -> dict:
     """Estimate quality by time since reset, and friction / latency shifts halfway through an episode."""
     from adaptation.evaluation import estimation_by_time, shift_test
 
-    by_time = estimation_by_time(model, env_cfg)
+    by_time = estimation_by_time(model, env_cfg, num_envs=num_envs)
     table = Table(title="online estimation by time since reset")
     cols = ("action_latency_within_frame", "loop_latency_within_frame", "loop_latency_mae_ms", "friction_r2",
-            "motor_gain_r2", "speed_r2")  # fmt: skip
+            "motor_gain_r2", "speed_r2", "lateral_speed_r2", "yaw_rate_r2")  # fmt: skip
     table.add_column("time")
     for c in cols:
         table.add_column(c)

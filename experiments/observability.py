@@ -4,11 +4,12 @@
     python -m experiments.observability default --teacher … --factor motor_gain --no-blind
 
 The teacher drives its own training world (no camera) with the factor's input held at nominal (`--blind`, so its
-commands do not carry the true value); an MLP is fitted on windows of `--window` steps that end at least
-`--min-seconds` after a reset, for several feature sets (commands only; + speed; + yaw rate; the full planar state),
-and scored on held-out cars. The history encoder sees only camera frames and its own actions, so its R^2 on the same
-driving cannot beat the full-state figure: a low student R^2 under a high ceiling is a learning problem, a low
-ceiling means the driving does not excite the factor. Writes `observability.json`.
+commands do not carry the true value); an MLP is fitted on windows of each history length in `--windows` (steps;
+how much driving the estimate needs) that end at least `--min-seconds` after a reset, for several feature sets
+(commands only; + speed; + yaw rate; the full planar state), and scored on held-out cars. The history encoder sees
+only camera frames and its own actions, so its R^2 on the same driving and history cannot beat the full-state
+figure: a low student R^2 under a high ceiling is a learning problem, a low ceiling means the driving does not
+excite the factor (or the history is too short). Writes `observability.json`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ class ObservabilityConfig:
     """cars driving at once (one randomized world each per episode)"""
     seconds: float = 30.0
     """recorded driving per car"""
-    window: int = 30
-    """steps per regression window (30 = 2 s at 15 Hz)"""
+    windows: tuple[int, ...] = (15, 30, 60)
+    """history lengths: steps per regression window (30 = 2 s at 15 Hz), one fit per length and feature set"""
     min_seconds: float = 2.0
     """a window's last step is at least this long after the reset"""
     iterations: int = 3000
@@ -58,7 +59,10 @@ class ObservabilityConfig:
         if self.factor not in FACTORS:
             raise ConfigError(f"factor={self.factor!r}; use one of {', '.join(FACTORS)}")
         check_range("envs", self.envs, 5, 1_000_000)
-        check_range("window", self.window, 1, 10_000)
+        if not self.windows:
+            raise ConfigError("windows is empty; give at least one history length in steps, e.g. --windows 30")
+        for w in self.windows:
+            check_range("windows", w, 1, 10_000)
         check_range("seconds", self.seconds, 0.1, 3600.0)
         check_range("min_seconds", self.min_seconds, 0.0, 3600.0)
         check_range("iterations", self.iterations, 1, 1_000_000)
@@ -73,15 +77,19 @@ def main(cfg: ObservabilityConfig) -> dict:
     hz = env.cfg.control_hz
     t0 = time.perf_counter()
     rec = record(teacher, env, cfg.factor, steps=int(round(cfg.seconds * hz)), blind=cfg.blind)
-    result = observability(rec, cfg.window, int(round(cfg.min_seconds * hz)), FEATURE_SETS, cfg.iterations)
+    result = observability(rec, cfg.windows, int(round(cfg.min_seconds * hz)), FEATURE_SETS, cfg.iterations)
+    for row in result["history"]:
+        row["seconds"] = row["steps"] / hz
     result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, seconds=time.perf_counter() - t0,
-                  window_seconds=cfg.window / hz, min_seconds=cfg.min_seconds)  # fmt: skip
+                  min_seconds=cfg.min_seconds)  # fmt: skip
     console = Console()
-    table = Table(title=f"{cfg.factor} from {cfg.window / hz:.1f} s of true state ({result['windows']:,} windows)")
-    for col in ("features", "held-out R²", "train R²"):
-        table.add_column(col)
+    table = Table(title=f"{cfg.factor}: held-out R² (train R²) from the true state, by history length")
+    table.add_column("features")
+    for row in result["history"]:
+        table.add_column(f"{row['seconds']:.1f} s ({row['windows']:,} windows)")
     for name in FEATURE_SETS:
-        table.add_row(name, f"{result[name]['test_r2']:.3f}", f"{result[name]['train_r2']:.3f}")
+        cells = [f"{row[name]['test_r2']:.3f} ({row[name]['train_r2']:.2f})" for row in result["history"]]
+        table.add_row(name, *cells)
     console.print(table)
     g = result["grip_use_percentiles"]
     console.print(f"lateral acceleration / grip: median {g['p50']:.2f}, p90 {g['p90']:.2f}, p99 {g['p99']:.2f}")
@@ -92,10 +100,10 @@ def main(cfg: ObservabilityConfig) -> dict:
 
 
 PRESETS = {
-    "default": ("512 cars, 30 s each, 2 s windows, 3000 regressor steps", ObservabilityConfig()),
+    "default": ("512 cars, 30 s each, 1, 2 and 4 s of history, 3000 regressor steps", ObservabilityConfig()),
     "smoke": (
         "few cars, short driving",
-        ObservabilityConfig(envs=10, seconds=3.0, window=5, min_seconds=0.5, iterations=20),
+        ObservabilityConfig(envs=10, seconds=3.0, windows=(3, 5), min_seconds=0.5, iterations=20),
     ),
 }
 

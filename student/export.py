@@ -3,7 +3,8 @@ IR, DeepRacer `model_metadata.json`, ONNX metadata, and a `carfile.tar.gz` bundl
 
 Stateful graph (`student.onnx`): inputs `camera` (1, 1, 120, 160) float32 raw pixels 0-255 (scaling is inside the
 graph, as the car feeds raw pixels), `prev_action` (1, 2), `history_in`; outputs `action_logits`, `history_out`,
-`z_hat`, `action_latency_probs`, `camera_latency_probs`, `estimates` (friction, motor gain, speed).
+`z_hat`, `action_latency_probs`, `camera_latency_probs`, `estimates` (friction, motor gain, speed, lateral speed,
+yaw rate).
 
 Stateless graph (`student_stateless.onnx`) for the stock car software: one input `FRONT_FACING_CAMERA` with the last
 K frames stacked as channels (oldest first), first output `action_probs`. It cannot see its previous actions (the

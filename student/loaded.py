@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from adaptation.history_encoder import ESTIMATES
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import from_yaml
 from envs.racing.car import ActionSpace
@@ -57,6 +58,12 @@ def load_student(path: str | Path) -> LoadedStudent:
     cfg = from_yaml(StudentConfig, data["student_yaml"], "student")
     spec = OutputSpec(**data["output_spec"])
     model = StudentModel(cfg, spec)
+    head = data["model"].get("history.estimate_head.weight")
+    if head is not None and head.shape[0] != len(ESTIMATES):
+        raise CheckpointError(
+            f"{path}: the student estimates {head.shape[0]} quantities, this version {len(ESTIMATES)} "
+            f"({', '.join(ESTIMATES)}); it was distilled by an older version: distill it again"
+        )
     try:
         model.load_state_dict(data["model"])
     except RuntimeError as err:

@@ -47,7 +47,7 @@ def test_heads_shapes_and_ranges():
     assert heads["z_hat"].shape == (4, 20, 3) and heads["z_hat"].abs().max() < 1
     assert heads["action_latency_logits"].shape == (4, 20, 7)
     assert heads["camera_latency_logits"].shape == (4, 20, 5)
-    assert heads["estimates"].shape == (4, 20, 3)
+    assert heads["estimates"].shape == (4, 20, 5)
 
 
 def test_causality_future_steps_do_not_change_the_past():
@@ -69,10 +69,11 @@ def test_losses_and_metrics_by_hand():
         "z_hat": torch.tensor([[[0.0] * 3, [5.0] * 3]]),  # the masked step is far off: it must not count
         "action_latency_logits": torch.tensor([[[10.0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 10.0]]]),
         "camera_latency_logits": torch.tensor([[[0, 10.0, 0, 0, 0], [10.0, 0, 0, 0, 0]]]),
-        "estimates": torch.tensor([[[0.0] * 3, [9.0] * 3]]),
+        "estimates": torch.tensor([[[0.0] * 5, [9.0] * 5]]),
     }
-    # friction 1.3, motor gain 0.85, speed 3.5 normalize to (+1, -1, +1) around (1.0, 1.0, 2.0) / (0.3, 0.15, 1.5)
-    targets = torch.tensor([[[0.0, 1 / 60, 1.3, 0.85, 3.5]] * 2])
+    # friction 1.3, motor gain 0.85, speed 3.5, lateral speed 0.08, yaw rate -1.5 normalize to (+1, -1, +1, +1, -1)
+    # around (1.0, 1.0, 2.0, 0.0, 0.0) / (0.3, 0.15, 1.5, 0.08, 1.5)
+    targets = torch.tensor([[[0.0, 1 / 60, 1.3, 0.85, 3.5, 0.08, -1.5]] * 2])
     z = torch.ones(1, 2, 3)
     mask = torch.tensor([[True, False]])
     losses = adaptation_losses(heads, z, targets, mask, 1 / 60)

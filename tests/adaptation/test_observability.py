@@ -71,12 +71,16 @@ def test_observability_script_on_a_tiny_teacher(tmp_path):
                              PPOConfig(num_steps_per_env=4), TrainerConfig(iterations=1),
                              EvalConfig(start_points=1, laps=1, max_seconds=2.0), tmp_path)  # fmt: skip
     teacher = trainer.save(tmp_path / "teacher.pt")
-    cfg = ObservabilityConfig(teacher=str(teacher), envs=10, seconds=3.0, window=5, min_seconds=0.5, iterations=20,
-                              out_dir=str(tmp_path / "obs"))  # fmt: skip
+    cfg = ObservabilityConfig(teacher=str(teacher), envs=10, seconds=3.0, windows=(3, 5), min_seconds=0.5,
+                              iterations=20, out_dir=str(tmp_path / "obs"))  # fmt: skip
     result = main(cfg)
     saved = json.loads((tmp_path / "obs" / "observability.json").read_text())
-    assert saved["windows"] == result["windows"] > 0
-    assert set(saved) >= {"commands", "full_state", "grip_use_percentiles"}
+    assert [row["steps"] for row in saved["history"]] == [3, 5]
+    assert all(row["windows"] == r["windows"] > 0 for row, r in zip(saved["history"], result["history"]))
+    assert all(set(row) >= {"commands", "full_state", "seconds"} for row in saved["history"])
+    assert "grip_use_percentiles" in saved
+    with pytest.raises(ConfigError, match="windows is empty"):
+        ObservabilityConfig(windows=())
     with pytest.raises(ConfigError, match="factor='mass'"):
         ObservabilityConfig(factor="mass")
     with pytest.raises(ConfigError, match="--teacher"):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from datasets.rollouts import (
+    SCHEMA_VERSION,
     ShardError,
     ShardWriter,
     WindowReader,
@@ -69,7 +70,7 @@ def test_windows_never_cross_episode_boundaries_and_pad_at_the_start(tmp_path):
 def test_manifest_and_shard_validation(tmp_path):
     write_round(tmp_path, "r0.h5", [(0, 5)])
     manifest = read_manifest(tmp_path)
-    assert manifest["shards"][0]["file"] == "r0.h5" and manifest["schema_version"] == 1
+    assert manifest["shards"][0]["file"] == "r0.h5" and manifest["schema_version"] == SCHEMA_VERSION
     assert validate_shard(tmp_path / "r0.h5", SCHEMA) == 5
     (tmp_path / "junk.h5").write_bytes(b"\x89HDF\r\n junk")
     with pytest.raises(ShardError, match="junk.h5: unreadable"):

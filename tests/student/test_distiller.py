@@ -18,6 +18,7 @@ from envs.racing.evaluation import EvalConfig
 from experiments.transfer import ROBUST_SUMMARIES
 from student.dagger import DaggerConfig
 from student.distiller import Distiller
+from student.loaded import load_student
 from student.model import StudentConfig
 from student.networks import EncoderConfig
 from teacher.config import PPOConfig, TeacherPolicyConfig
@@ -68,6 +69,16 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
     assert json.dumps(full.history) == json.dumps(resumed.history)
     shards = [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]]
     assert shards == ["round_000.h5", "round_001.h5"]
+
+    # A student distilled by a version with fewer explicit estimates is refused by name, not half-loaded.
+    ckpt = sorted((tmp_path / "full" / "checkpoints").glob("round_*.pt"))[-1]
+    assert load_student(ckpt).model.history is not None
+    data = torch.load(ckpt, weights_only=True)
+    for k in ("history.estimate_head.weight", "history.estimate_head.bias"):
+        data["model"][k] = data["model"][k][:3]
+    torch.save(data, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match="estimates 3 quantities, this version 5.*distill it again"):
+        load_student(tmp_path / "old.pt")
 
 
 def test_teacher_with_another_action_space_is_refused(teacher_path, tmp_path):
