@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+import h5py
 import numpy as np
 import torch
 from torch import Tensor
@@ -27,9 +29,11 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "commands": ("steer_cmd", "speed_cmd"),
     "commands+speed": ("steer_cmd", "speed_cmd", "speed"),
     "commands+speed+yaw_rate": ("steer_cmd", "speed_cmd", "speed", "yaw_rate"),
+    "commands+body_velocities": ("steer_cmd", "speed_cmd", "speed", "lateral_speed", "yaw_rate"),
     "full_state": FEATURES,
 }
-"""named feature subsets: what the regressor is given"""
+"""named feature subsets: what the regressor is given (`commands+body_velocities` is what the student has when its
+own estimates of speed, lateral speed and yaw rate are exact)"""
 FACTORS = ("friction", "motor_gain")
 """factors the student's history encoder estimates (nominal value 1.0)"""
 
@@ -153,6 +157,50 @@ def observability(
     grip = rec.grip_use[rec.since_reset > 0].numpy()
     out["grip_use_percentiles"] = dict(zip(("p50", "p90", "p99"), np.percentile(grip, [50, 90, 99]).tolist()))
     return out
+
+
+SHARD_FEATURES = ("steer_cmd", "speed_cmd", "speed", "lateral_speed", "yaw_rate", "lateral_accel")
+"""what a DAgger run's shards record of `FEATURES` (the commands as normalized previous actions; no steering angle)"""
+
+
+def shard_recording(data_dir: str | Path, factor: str) -> Recording:
+    """A DAgger run's recorded driving as a `Recording`, one row per episode (padded with `since_reset` -1).
+
+    Row t pairs the previous action (the command executed before t) with the body velocities at t, as `record` pairs
+    a command with the state after it; features the shards do not hold (the steering angle) are NaN. Regressing the
+    factor from this is the ceiling of what the student could learn from its own data if its motion estimates were
+    exact: with few distinct worlds (one per episode) a regressor overfits, however well the factor shows."""
+    from adaptation.losses import TARGET_COLUMNS
+    from datasets.rollouts import read_manifest, validate_shard
+
+    if factor not in FACTORS:
+        raise ValueError(f"factor={factor!r}; use one of {FACTORS}")
+    cols: dict[str, list[np.ndarray]] = {"prev_action": [], "targets": [], "episode": [], "step": []}
+    for shard in read_manifest(data_dir)["shards"]:
+        path = Path(data_dir) / shard["file"]
+        n = validate_shard(path)
+        with h5py.File(path, "r") as f:
+            for k in cols:
+                cols[k].append(f[k][:n])
+    if not cols["episode"]:
+        raise ValueError(f"{data_dir}: no finished shards in the manifest")
+    prev, targets, episode, step = (np.concatenate(cols[k]) for k in ("prev_action", "targets", "episode", "step"))
+    t = {name: targets[:, TARGET_COLUMNS.index(name)] for name in TARGET_COLUMNS}
+    rows = {"steer_cmd": prev[:, 0], "speed_cmd": prev[:, 1], "lateral_accel": t["speed"] * t["yaw_rate"]}
+    rows.update({name: t[name] for name in ("speed", "lateral_speed", "yaw_rate")})
+    flat = np.stack([rows.get(name, np.full(len(prev), np.nan, np.float32)) for name in FEATURES], -1)
+    ids, first, length = np.unique(episode, return_index=True, return_counts=True)
+    n_ep, width = len(ids), int(length.max())
+    features = torch.full((n_ep, width, len(FEATURES)), float("nan"))
+    target, since = torch.zeros(n_ep, width), torch.full((n_ep, width), -1, dtype=torch.long)
+    for i, (a, m) in enumerate(zip(first, length)):  # rows of an episode are contiguous (whole episodes per append)
+        features[i, :m] = torch.from_numpy(flat[a : a + m])
+        target[i, :m] = float(t[factor][a])
+        since[i, :m] = torch.from_numpy(step[a : a + m].astype(np.int64))
+    mu_g = torch.from_numpy(t["friction"][first])[:, None] * 9.81
+    grip = features[..., FEATURES.index("lateral_accel")].abs() / mu_g
+    episode_ids = torch.arange(n_ep)[:, None].expand(n_ep, width).clone()
+    return Recording(features, target, since, episode_ids, torch.nan_to_num(grip, nan=0.0))
 
 
 def driving_env(env_cfg, num_envs: int) -> RacingEnv:

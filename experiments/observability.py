@@ -2,6 +2,7 @@
 
     python -m experiments.observability default --teacher runs/teacher/checkpoints/iter_000256.pt
     python -m experiments.observability default --teacher … --factor motor_gain --no-blind
+    python -m experiments.observability default --run-dir runs/student
 
 The teacher drives its own training world (no camera) with the factor's input held at nominal (`--blind`, so its
 commands do not carry the true value); an MLP is fitted on windows of each history length in `--windows` (steps;
@@ -9,7 +10,9 @@ how much driving the estimate needs) that end at least `--min-seconds` after a r
 (commands only; + speed; + yaw rate; the full planar state), and scored on held-out cars. The history encoder sees
 only camera frames and its own actions, so its R^2 on the same driving and history cannot beat the full-state
 figure: a low student R^2 under a high ceiling is a learning problem, a low ceiling means the driving does not
-excite the factor (or the history is too short). Writes `observability.json`.
+excite the factor (or the history is too short). With `--run-dir` the same regressor reads a DAgger run's recorded
+episodes (commands and true body velocities): what the student could learn from its own data were its motion
+estimates exact, which is bounded by how many distinct worlds (episodes) the run saw. Writes `observability.json`.
 """
 
 from __future__ import annotations
@@ -23,9 +26,18 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from adaptation.observability import FACTORS, FEATURE_SETS, driving_env, observability, record
+from adaptation.observability import (
+    FACTORS,
+    FEATURE_SETS,
+    SHARD_FEATURES,
+    driving_env,
+    observability,
+    record,
+    shard_recording,
+)
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
+from envs.racing.config import EnvConfig
 from experiments.cli import run
 from teacher.policy import load_teacher
 
@@ -36,6 +48,9 @@ class ObservabilityConfig:
 
     teacher: str = ""
     """teacher checkpoint (the driver; its training world is the world)"""
+    run_dir: str = ""
+    """a DAgger run instead of a teacher: regress from the true body velocities and commands its shards recorded (the
+    ceiling of what its student could learn from that data with exact motion estimates)"""
     factor: str = "friction"
     """factor to regress: friction or motor_gain"""
     blind: bool = True
@@ -69,25 +84,36 @@ class ObservabilityConfig:
 
 
 def main(cfg: ObservabilityConfig) -> dict:
-    if not cfg.teacher:
-        raise ConfigError("--teacher is required (a teacher checkpoint drives the cars)")
+    if bool(cfg.teacher) == bool(cfg.run_dir):
+        raise ConfigError("give either --teacher (a teacher checkpoint drives the cars) or --run-dir (a DAgger run)")
     torch.manual_seed(cfg.seed)
-    teacher = load_teacher(cfg.teacher)
-    env = driving_env(teacher.env_cfg, cfg.envs)
-    hz = env.cfg.control_hz
     t0 = time.perf_counter()
-    rec = record(teacher, env, cfg.factor, steps=int(round(cfg.seconds * hz)), blind=cfg.blind)
-    result = observability(rec, cfg.windows, int(round(cfg.min_seconds * hz)), FEATURE_SETS, cfg.iterations)
+    sets = FEATURE_SETS
+    if cfg.teacher:
+        teacher = load_teacher(cfg.teacher)
+        env = driving_env(teacher.env_cfg, cfg.envs)
+        hz = env.cfg.control_hz
+        rec = record(teacher, env, cfg.factor, steps=int(round(cfg.seconds * hz)), blind=cfg.blind)
+        source = f"{cfg.teacher} driving, blind={cfg.blind}"
+    else:
+        data = Path(cfg.run_dir) / "data"
+        if not (data / "manifest.json").is_file():
+            raise ConfigError(f"--run-dir {cfg.run_dir}: no data/manifest.json (not a DAgger run directory)")
+        rec = shard_recording(data, cfg.factor)
+        hz = EnvConfig().control_hz
+        sets = {k: v for k, v in FEATURE_SETS.items() if set(v) <= set(SHARD_FEATURES)}
+        source = f"{cfg.run_dir}: {rec.features.shape[0]} recorded episodes"
+    result = observability(rec, cfg.windows, int(round(cfg.min_seconds * hz)), sets, cfg.iterations)
     for row in result["history"]:
         row["seconds"] = row["steps"] / hz
-    result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, seconds=time.perf_counter() - t0,
-                  min_seconds=cfg.min_seconds)  # fmt: skip
+    result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, run_dir=cfg.run_dir, source=source,
+                  seconds=time.perf_counter() - t0, min_seconds=cfg.min_seconds)  # fmt: skip
     console = Console()
-    table = Table(title=f"{cfg.factor}: held-out R² (train R²) from the true state, by history length")
+    table = Table(title=f"{cfg.factor}: held-out R² (train R²) from the true state, by history length ({source})")
     table.add_column("features")
     for row in result["history"]:
         table.add_column(f"{row['seconds']:.1f} s ({row['windows']:,} windows)")
-    for name in FEATURE_SETS:
+    for name in sets:
         cells = [f"{row[name]['test_r2']:.3f} ({row[name]['train_r2']:.2f})" for row in result["history"]]
         table.add_row(name, *cells)
     console.print(table)

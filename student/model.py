@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
 from envs.errors import check_range
-from student.networks import EncoderConfig, ImageEncoder, PolicyHead
+from student.networks import EncoderConfig, ImageEncoder, PolicyHead, scale_frames
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,14 @@ class StudentConfig:
 
     @property
     def context(self) -> int:
-        """Steps before a training position that its output depends on (its loss needs them in the window)."""
+        """Steps before a training position that its output depends on (its loss needs them in the window); a motion
+        encoder reads one frame further back."""
+        extra = 1 if self.encoder.motion else 0
         if self.history.kind == "tcn":
-            return self.history.receptive_field - 1
+            return self.history.receptive_field - 1 + extra
         if self.history.kind == "gru":
-            return self.burn_in
-        return 0
+            return self.burn_in + extra
+        return extra
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,22 @@ class OutputSpec:
     camera_latency_classes: int
 
 
+def previous_frames(camera: Tensor, mask: Tensor) -> Tensor:
+    """`(B, T, ...)` frames -> each step's previous frame: the step before it, or the frame itself at a window's
+    first step and at an episode's first (the step after padding), as a freshly reset deployment state pairs it."""
+    prev = torch.cat([camera[:, :1], camera[:, :-1]], dim=1)
+    start = torch.ones_like(mask)
+    start[:, 1:] = ~mask[:, :-1]
+    return torch.where(start.view(*mask.shape, *([1] * (camera.dim() - 2))), camera, prev)
+
+
 class StudentModel(nn.Module):
+    image_hw = (120, 160)
+
     def __init__(self, cfg: StudentConfig, spec: OutputSpec) -> None:
         super().__init__()
         self.cfg, self.spec = cfg, spec
-        self.encoder = ImageEncoder(cfg.encoder)
+        self.encoder = ImageEncoder(cfg.encoder, self.image_hw)
         e = cfg.encoder.embed_dim
         if cfg.history.kind == "none":
             self.history = None
@@ -80,34 +93,63 @@ class StudentModel(nn.Module):
         """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads.
 
         The first `context_no_grad` frames of each window are encoded without gradients (they only feed the
-        history of later steps), which saves two thirds of their cost in training."""
+        history of later steps), which saves two thirds of their cost in training. A motion encoder pairs each frame
+        with the one before it; at an episode's first frame (and the window's first) that is the frame itself."""
         b, t = camera.shape[:2]
         c = min(context_no_grad, t)
+        previous = previous_frames(camera, mask) if self.encoder.motion else None
+
+        def encode(lo: int, hi: int) -> Tensor:
+            prev = None if previous is None else previous[:, lo:hi].flatten(0, 1)
+            return self.encoder(camera[:, lo:hi].flatten(0, 1), prev).view(b, hi - lo, -1)
+
         if c > 0:
             with torch.no_grad():
-                ctx = self.encoder(camera[:, :c].flatten(0, 1)).view(b, c, -1)
-            rest = self.encoder(camera[:, c:].flatten(0, 1)).view(b, t - c, -1)
-            emb = torch.cat([ctx, rest], dim=1)
+                ctx = encode(0, c)
+            emb = torch.cat([ctx, encode(c, t)], dim=1)
         else:
-            emb = self.encoder(camera.flatten(0, 1)).view(b, t, -1)
+            emb = encode(0, t)
         prev_action = prev_action * mask.unsqueeze(-1)
         if self.history is None:
             return self.head(torch.cat([emb, prev_action], -1)), {}
         h = self.history(torch.cat([emb, prev_action], -1), mask)
         return self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
 
-    def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
+    def _history_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
         if self.history is None:
             return torch.zeros(n, 1, 1, device=device)
         return self.history.init_state(n, device)
 
+    def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
+        """Zeros (a reset state). A motion encoder's state is flat: `[history state, previous frame (scaled), seen]`,
+        where `seen` = 0 marks an episode start (the frame is paired with itself), so zeroing still resets it."""
+        hist = self._history_state(n, device)
+        if not self.encoder.motion:
+            return hist
+        return torch.zeros(n, hist[0].numel() + self.image_hw[0] * self.image_hw[1] + 1, device=device)
+
     def step(self, camera: Tensor, prev_action: Tensor, state: Tensor) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state."""
-        emb = self.encoder(camera)
+        if self.encoder.motion:
+            n, (hgt, wid) = camera.shape[0], self.image_hw
+            hist_shape = self._history_state(1).shape[1:]
+            k = hist_shape.numel()
+            frame = scale_frames(camera)
+            seen = state[:, -1:].view(n, 1, 1, 1) > 0.5
+            previous = torch.where(seen, state[:, k:-1].view(n, 1, hgt, wid), frame)
+            emb = self.encoder(frame, previous)
+            hist = state[:, :k].view(n, *hist_shape)
+        else:
+            emb, hist = self.encoder(camera), state
         if self.history is None:
-            return self.head(torch.cat([emb, prev_action], -1)), {}, state
-        h, state = self.history.step(torch.cat([emb, prev_action], -1), state)
-        return self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h), state
+            outputs, heads = self.head(torch.cat([emb, prev_action], -1)), {}
+        else:
+            h, hist = self.history.step(torch.cat([emb, prev_action], -1), hist)
+            outputs, heads = self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
+        if self.encoder.motion:
+            ones = torch.ones(n, 1, device=state.device, dtype=state.dtype)
+            hist = torch.cat([hist.flatten(1), frame.flatten(1).to(state.dtype), ones], dim=1)
+        return outputs, heads, hist
 
     def actions(self, outputs: Tensor) -> Tensor:
         """Deterministic actions: the most likely index `(…, 1)` or the clamped mean `(…, 2)`."""

@@ -30,6 +30,9 @@ class EncoderConfig:
     """image embedding size"""
     dropout: float = 0.0
     """dropout on the embedding"""
+    motion: bool = False
+    """also feed the difference to the previous frame as a second input channel, so a single embedding carries the
+    car's motion (speed, slip, yaw rate: what reveals friction and motor gain); zero at an episode's first frame"""
 
     def __post_init__(self) -> None:
         check_range("encoder.embed_dim", self.embed_dim, 4, 4096)
@@ -49,29 +52,39 @@ class SpatialSoftmax(nn.Module):
         return torch.cat([ex, ey], dim=-1)
 
 
+def scale_frames(frames: Tensor) -> Tensor:
+    """Raw uint8 frames -> float 0-1; float frames are taken as already scaled."""
+    return frames.float() * (1.0 / 255.0) if frames.dtype == torch.uint8 else frames
+
+
 class ImageEncoder(nn.Module):
-    """Frames `(N, 1, H, W)` (raw 0-255) -> embedding `(N, embed_dim)`."""
+    """Frames `(N, 1, H, W)` (raw 0-255) -> embedding `(N, embed_dim)`; with `motion`, also the previous frames."""
 
     def __init__(self, cfg: EncoderConfig, image_hw: tuple[int, int] = (120, 160)) -> None:
         super().__init__()
         c1, c2, c3 = cfg.channels
         self.conv = nn.Sequential(
-            nn.Conv2d(1, c1, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(2 if cfg.motion else 1, c1, 8, stride=4), nn.ReLU(),
             nn.Conv2d(c1, c2, 4, stride=2), nn.ReLU(),
             nn.Conv2d(c2, c3, 3, stride=1), nn.ReLU(),
         )  # fmt: skip
         with torch.no_grad():
-            feat = self.conv(torch.zeros(1, 1, *image_hw))
+            feat = self.conv(torch.zeros(1, 2 if cfg.motion else 1, *image_hw))
         if cfg.head == "flatten":
             self.head = nn.Sequential(nn.Flatten(), nn.Linear(feat.numel(), cfg.embed_dim), nn.ReLU())
         else:
             self.head = nn.Sequential(SpatialSoftmax(), nn.Linear(2 * c3, cfg.embed_dim), nn.ReLU())
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.embed_dim = cfg.embed_dim
+        self.embed_dim, self.motion = cfg.embed_dim, cfg.motion
         self.conv.to(memory_format=torch.channels_last)  # ~1.6x faster convolutions on CPUs (oneDNN)
 
-    def forward(self, frames: Tensor) -> Tensor:
-        x = frames.float() * (1.0 / 255.0) if frames.dtype == torch.uint8 else frames
+    def forward(self, frames: Tensor, previous: Tensor | None = None) -> Tensor:
+        """`previous`: the frames one step earlier (same shape; motion encoders only, required there)."""
+        x = scale_frames(frames)
+        if self.motion:
+            if previous is None:
+                raise ValueError("a motion encoder needs the previous frames")
+            x = torch.cat([x, x - scale_frames(previous)], dim=1)
         x = self.conv(x.contiguous(memory_format=torch.channels_last))
         return self.dropout(self.head(x.contiguous()))
 

@@ -3,11 +3,14 @@ the blind driver sees the nominal factor, and the script runs end to end on a ti
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from adaptation.observability import FEATURES, Recording, blind_factor, fit_r2, windows
+from adaptation.losses import TARGET_COLUMNS
+from adaptation.observability import FEATURES, Recording, blind_factor, fit_r2, shard_recording, windows
+from datasets.rollouts import ShardWriter, add_shard, rollout_schema
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
@@ -85,3 +88,40 @@ def test_observability_script_on_a_tiny_teacher(tmp_path):
         ObservabilityConfig(factor="mass")
     with pytest.raises(ConfigError, match="--teacher"):
         main(ObservabilityConfig())
+
+
+def test_a_runs_shards_become_one_padded_row_per_episode(tmp_path):
+    schema = rollout_schema(num_choices=3, latent_dim=2, num_factors=2, image_hw=(4, 5))
+    writer = ShardWriter(tmp_path / "round_000.h5", schema)
+    for ep, length, friction in ((5, 4, 0.8), (9, 2, 1.1)):
+        rows = {k: np.zeros((length, *f.shape), dtype=f.dtype) for k, f in schema.items()}
+        rows["episode"][:], rows["step"][:] = ep, np.arange(length)
+        rows["prev_action"][:, 0] = -0.5
+        rows["prev_action"][:, 1] = np.arange(length) / 10
+        cols = {"friction": friction, "speed": 2.0, "lateral_speed": 0.1, "yaw_rate": np.arange(length)}
+        for name, value in cols.items():
+            rows["targets"][:, TARGET_COLUMNS.index(name)] = value
+        writer.append(rows)
+    writer.close()
+    add_shard(tmp_path, tmp_path / "round_000.h5", {"rows": 6})
+    rec = shard_recording(tmp_path, "friction")
+    assert rec.features.shape == (2, 4, len(FEATURES))
+    assert rec.since_reset.tolist() == [[0, 1, 2, 3], [0, 1, -1, -1]], "the shorter episode is padded"
+    assert torch.allclose(rec.target[0], torch.full((4,), 0.8)) and torch.allclose(rec.target[1, :2], torch.tensor(1.1))
+    col = {name: FEATURES.index(name) for name in FEATURES}
+    assert rec.features[0, :, col["speed_cmd"]].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert rec.features[0, :, col["lateral_accel"]].tolist() == pytest.approx([0.0, 2.0, 4.0, 6.0])  # speed * yaw
+    assert torch.isnan(rec.features[..., col["steer"]]).all(), "the shards hold no steering angle"
+    # grip use = |lateral accel| / (friction g); windows never reach into the padding
+    assert rec.grip_use[0, 3].item() == pytest.approx(6.0 / (0.8 * 9.81))
+    x, y, env = windows(rec, length=2, min_steps=1)
+    assert len(y) == 4 and env.tolist() == [0, 1, 0, 0]
+    with pytest.raises(ValueError, match="factor='mass'"):
+        shard_recording(tmp_path, "mass")
+
+
+def test_observability_from_a_runs_shards_needs_one_source(tmp_path):
+    with pytest.raises(ConfigError, match="either --teacher .* or --run-dir"):
+        main(ObservabilityConfig(teacher="a.pt", run_dir="b"))
+    with pytest.raises(ConfigError, match="not a DAgger run directory"):
+        main(ObservabilityConfig(run_dir=str(tmp_path)))

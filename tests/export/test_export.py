@@ -19,29 +19,34 @@ from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, dri
 from student.export import closed_loop_parity
 from student.loaded import STUDENT_KIND
 from student.model import OutputSpec, StudentConfig, StudentModel
+from student.networks import EncoderConfig
 
 pytest.importorskip("onnxruntime")
 ENV = EnvConfig(num_envs=1, camera="projective", compile=False)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A small random student saved as a checkpoint and exported once for the module."""
+def export_student(tmp, student_cfg: StudentConfig, parity_steps: int = 200):
+    """A small random student saved as a checkpoint and exported; returns (export folder, model, result)."""
     from experiments.export_student import ExportConfig
     from experiments.export_student import main as export
 
-    tmp = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
     env = RacingEnv(ENV)
     spec = OutputSpec("discrete", env.action_space.num_choices, 8, 7, 5)
-    model = StudentModel(StudentConfig(), spec)
+    model = StudentModel(student_cfg, spec)
     ckpt = save_atomic({
-        "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": to_yaml(StudentConfig()),
+        "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": to_yaml(student_cfg),
         "env_yaml": to_yaml(ENV), "output_spec": dict(spec.__dict__),
         "action_space": json.dumps(env.action_space.to_metadata()),
     }, tmp / "student.pt")  # fmt: skip
-    result = export(ExportConfig(checkpoint=str(ckpt), out_dir=str(tmp / "out"), parity_steps=200))
+    result = export(ExportConfig(checkpoint=str(ckpt), out_dir=str(tmp / "out"), parity_steps=parity_steps))
     return tmp / "out", model, result
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A small random student exported once for the module."""
+    return export_student(tmp_path_factory.mktemp("export"), StudentConfig())
 
 
 def test_files_metadata_and_bundle(exported):
@@ -70,6 +75,13 @@ def test_closed_loop_parity_including_recurrent_state(exported):
         assert parity["argmax_agreement"] == 1.0, backend
     again = closed_loop_parity(model, out, RacingEnv(replace(ENV, seed=3)), 50)
     assert again["max_logit_diff"] < 1e-4
+
+
+def test_motion_student_exports_with_its_previous_frame_in_the_state(tmp_path):
+    out, model, result = export_student(tmp_path, StudentConfig(encoder=EncoderConfig(motion=True)), parity_steps=60)
+    assert list(model.init_state(1).shape) == [1, 28 * 32 + 120 * 160 + 1], "TCN buffer, previous frame, seen flag"
+    for backend, parity in result["parity"].items():
+        assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
 
 
 def test_stateless_variant_runs_on_stacked_frames(exported):

@@ -4,7 +4,7 @@ import torch
 
 from envs.augment import AugmentConfig, augment
 from student.dagger import DaggerConfig, choose_actions, distillation_loss, loss_mask, teacher_probability
-from student.model import OutputSpec, StudentConfig, StudentModel
+from student.model import OutputSpec, StudentConfig, StudentModel, previous_frames
 from student.networks import EncoderConfig, ImageEncoder
 
 SPEC = OutputSpec(kind="discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
@@ -21,26 +21,46 @@ def test_image_encoder_shapes_heads_and_raw_pixel_input():
     assert [m.kernel_size[0] for m in conv if isinstance(m, torch.nn.Conv2d)] == [8, 4, 3]
 
 
+@pytest.mark.parametrize("motion", [False, True])
 @pytest.mark.parametrize("kind", ["tcn", "gru", "none"])
-def test_student_window_and_step_agree(kind):
+def test_student_window_and_step_agree(kind, motion):
     torch.manual_seed(0)
-    cfg = StudentConfig(history=StudentConfig().history.__class__(kind=kind))
+    cfg = StudentConfig(encoder=EncoderConfig(motion=motion), history=StudentConfig().history.__class__(kind=kind))
     model = StudentModel(cfg, SPEC).eval()
     t = cfg.context + 3
     cam = torch.randint(0, 256, (2, t, 1, 120, 160), dtype=torch.uint8)
     prev = torch.rand(2, t, 2)
     mask = torch.ones(2, t, dtype=torch.bool)
+    mask[1, :2] = False  # row 1: its episode starts at step 2 of the window
     with torch.no_grad():
         out_w, heads_w = model.forward_window(cam, prev, mask)
         state = model.init_state(2)
         outs = []
         for i in range(t):
+            if i == 2:
+                state[1] = 0.0  # the reset at row 1's episode start
             o, _, state = model.step(cam[:, i], prev[:, i], state)
             outs.append(o)
     stepped = torch.stack(outs, 1)
     assert out_w.shape == (2, t, 10)
-    assert torch.allclose(out_w[:, cfg.context :], stepped[:, cfg.context :], atol=1e-4)
+    assert torch.allclose(out_w[0, cfg.context :], stepped[0, cfg.context :], atol=1e-4)
+    assert torch.allclose(out_w[1, 2:], stepped[1, 2:], atol=1e-4), "from an episode start the window is exact"
     assert (kind == "none") == (heads_w == {})
+    assert cfg.context == StudentConfig(history=cfg.history).context + motion, "motion reads one frame further back"
+
+
+def test_motion_encoder_sees_the_frame_difference():
+    torch.manual_seed(0)
+    enc = ImageEncoder(EncoderConfig(motion=True)).eval()
+    frame = torch.randint(0, 256, (1, 1, 120, 160), dtype=torch.uint8)
+    with torch.no_grad():
+        still, moved = enc(frame, frame), enc(frame, torch.roll(frame, 3, dims=-1))
+    assert not torch.allclose(still, moved), "the same frame after a move embeds differently"
+    with pytest.raises(ValueError, match="previous frames"):
+        enc(frame)
+    assert previous_frames(torch.arange(4.0).view(1, 4), torch.tensor([[False, True, True, True]])).tolist() == [
+        [0.0, 1.0, 1.0, 2.0]
+    ], "a window's first step and an episode's first step pair with themselves"
 
 
 def test_beta_schedules():
