@@ -65,3 +65,15 @@ def test_demo_smoke_runs_every_stage(tmp_path):
     assert {"teacher", "student", "export", "deployment_loop", "transfer"} <= set(summary)
     assert (tmp_path / "export" / "student.onnx").is_file()
     assert "consecutive-good" in (tmp_path / "transfer" / "transfer.md").read_text()
+
+
+def test_every_ablation_variant_applies_to_its_stage_config():
+    from experiments.ablate import VARIANTS, AblateConfig, apply_overrides
+
+    base = AblateConfig()
+    for stage, variants in VARIANTS.items():
+        cfg = base.teacher_cfg if stage == "teacher" else base.student_cfg
+        for name, overrides in variants.items():
+            changed = apply_overrides(cfg, overrides)
+            assert (changed == cfg) == (name == "base"), f"{stage} variant {name!r} changes nothing"
+    assert apply_overrides(base.student_cfg, VARIANTS["student"]["motion-encoder"]).student.encoder.motion
