@@ -15,7 +15,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from adaptation.evaluation import estimate_targets
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
-from datasets.rollouts import ShardWriter, WindowReader, add_shard, read_manifest, rollout_schema
+from datasets.rollouts import (
+    SCHEMA_VERSION,
+    ShardWriter,
+    WindowReader,
+    add_shard,
+    read_manifest,
+    rollout_schema,
+    write_manifest,
+)
 from datasets.staging import EpisodeStager
 from envs.augment import AugmentConfig, augment
 from envs.config_io import to_yaml
@@ -194,6 +202,10 @@ class Distiller:
             TextColumn("[bold]DAgger"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"), disable=not show_progress,
         )  # fmt: skip
+        if self.round == 0:
+            # A fresh run owns its data: shards an earlier run left in this directory (perhaps of an older schema)
+            # are no longer listed, so training never mixes them in; their files are overwritten round by round.
+            write_manifest(self.data_dir, {"schema_version": SCHEMA_VERSION, "shards": []})
         with progress:
             task = progress.add_task("dagger", total=cfg.rounds, completed=self.round, status="")
             while self.round < cfg.rounds:
@@ -271,6 +283,4 @@ class Distiller:
         self.history = json.loads(data["history"])
         # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
         manifest = json.loads(data["manifest"])
-        from datasets.rollouts import write_manifest
-
         write_manifest(self.data_dir, manifest)

@@ -81,6 +81,15 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
         load_student(tmp_path / "old.pt")
 
 
+def test_a_fresh_run_does_not_read_an_earlier_runs_data(teacher_path, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"schema_version": 1, "shards": [{"file": "round_007.h5"}]}))
+    (data / "round_007.h5").write_bytes(b"a shard of an older run")
+    distiller(teacher_path, tmp_path).run(show_progress=False)
+    assert [s["file"] for s in read_manifest(data)["shards"]] == ["round_000.h5", "round_001.h5"]
+
+
 def test_teacher_with_another_action_space_is_refused(teacher_path, tmp_path):
     with pytest.raises(CheckpointError, match="action space mismatch"):
         Distiller(load_teacher(teacher_path), replace(ENV, action_space="fast-throttle"), STUDENT, DAGGER,
