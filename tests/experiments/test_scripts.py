@@ -42,6 +42,21 @@ def test_benchmark_smoke(tmp_path):
     assert report["machine"]["cpu_count"] >= 1
 
 
+def test_student_benchmark_smoke(tmp_path):
+    out = tmp_path / "student.json"
+    proc = run("experiments.benchmark_student", "smoke", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"default", "motion-encoder"}
+    # DAgger windows hold the context before the labels; the motion encoder reads one frame further back and keeps
+    # the previous frame (and a reset flag) in its deployment state.
+    assert rows["motion-encoder"]["window_frames"] == rows["default"]["window_frames"] + 1
+    assert rows["motion-encoder"]["state_floats_per_car"] == rows["default"]["state_floats_per_car"] + 120 * 160 + 1
+    assert all(r["train_windows_per_s"] > 0 and r["deploy_frames_per_s"] > 0 for r in rows.values())
+    proc = run("experiments.benchmark_student", "smoke", "--variants", "default", "no-such-variant")
+    assert proc.returncode == 2 and "no-such-variant" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     bad = tmp_path / "broken_track.npy"
     np.save(bad, np.zeros((5, 3)))
