@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from adaptation.losses import r2_score
+from adaptation.losses import TARGET_COLUMNS, r2_score
+from datasets.rollouts import read_manifest, validate_shard
 from envs.racing.env import RacingEnv
 from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
 
@@ -146,7 +147,7 @@ def observability(
         unknown = set(cols) - set(FEATURES)
         if unknown:
             raise ValueError(f"feature set {name!r}: unknown features {sorted(unknown)}; known: {FEATURES}")
-    out: dict = {"factor_std": float(rec.target.std()), "history": []}
+    out: dict = {"factor_std": float(rec.target[rec.since_reset >= 0].std()), "history": []}  # padding excluded
     for length in lengths:
         x, y, env_index = windows(rec, length, min_steps)
         test = env_index % holdout_every == 0
@@ -170,9 +171,6 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     a command with the state after it; features the shards do not hold (the steering angle) are NaN. Regressing the
     factor from this is the ceiling of what the student could learn from its own data if its motion estimates were
     exact: with few distinct worlds (one per episode) a regressor overfits, however well the factor shows."""
-    from adaptation.losses import TARGET_COLUMNS
-    from datasets.rollouts import read_manifest, validate_shard
-
     if factor not in FACTORS:
         raise ValueError(f"factor={factor!r}; use one of {FACTORS}")
     cols: dict[str, list[np.ndarray]] = {"prev_action": [], "targets": [], "episode": [], "step": []}

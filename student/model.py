@@ -132,7 +132,7 @@ class StudentModel(nn.Module):
         """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state."""
         if self.encoder.motion:
             n, (hgt, wid) = camera.shape[0], self.image_hw
-            hist_shape = self._history_state(1).shape[1:]
+            hist_shape = self._history_state(1, "meta").shape[1:]  # shape only, nothing allocated
             k = hist_shape.numel()
             frame = scale_frames(camera)
             seen = state[:, -1:].view(n, 1, 1, 1) > 0.5
