@@ -22,6 +22,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 
@@ -44,9 +45,11 @@ from experiments.transfer import (
     pick_consecutive_good,
     pick_last,
     robust_env_config,
+    sim2sim_env_config,
     spearman,
     spearman_by_summary,
     spearman_interval,
+    split_half_reliability,
 )
 from experiments.transfer_report import write_report
 from experiments.wandb_logger import RunLogger, WandbConfig
@@ -76,6 +79,12 @@ class SelectConfig:
     """consecutive-good rule: a checkpoint is good within this score margin of the best"""
     min_run: int = 2
     """consecutive-good rule: shortest run that counts"""
+    sim2sim: bool = False
+    """also score the robust episodes on the second physics engine (the Genesis car at the training step, training
+    camera and randomization): a sim-to-sim check of each checkpoint, reported beside the robust score"""
+    select_by: Literal["robust", "sim2sim", "both"] = "robust"
+    """the sim score the selection rules read: robust (training sim), sim2sim, or both (the mean of the two; the
+    last two need --sim2sim)"""
     decompose: bool = True
     """split the consecutive-good pick's gap into perception and dynamics parts, with action agreement"""
     out_dir: str = ""
@@ -90,6 +99,10 @@ class SelectConfig:
         check_range("action_noise", self.action_noise, 0.0, 0.5)
         check_range("good_margin", self.good_margin, 0.0, 1.0)
         check_range("min_run", self.min_run, 1, 1000)
+        if self.select_by not in ("robust", "sim2sim", "both"):
+            raise ConfigError(f"select_by={self.select_by!r}; use robust, sim2sim or both")
+        if self.select_by != "robust" and not self.sim2sim:
+            raise ConfigError(f"--select-by {self.select_by} reads the sim-to-sim score; add --sim2sim")
 
 
 def find_checkpoints(cfg: SelectConfig) -> list[Path]:
@@ -118,7 +131,7 @@ class ScoreCache:
     def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:
         self.path = path
         self.key = {name: to_yaml(getattr(cfg, name)) for name in ("action_noise", "robust", "fixed_lap", "proxy",
-                                                                    "reality")}  # fmt: skip
+                                                                    "reality", "sim2sim")}  # fmt: skip
         self.rows: dict[str, dict] = {}
         if enabled and path.is_file():
             try:
@@ -141,6 +154,14 @@ class ScoreCache:
         write_text_atomic(self.path, json.dumps({"key": self.key, "rows": self.rows}, default=float))
 
 
+def selection_scores(rows: list[dict], select_by: str) -> list[float]:
+    """Each checkpoint's sim score for the selection rules: robust, sim2sim, or both (their mean: the same episodes
+    on the two physics engines)."""
+    if select_by == "both":
+        return [0.5 * (r["robust"]["score"] + r["sim2sim"]["score"]) for r in rows]
+    return [r[select_by]["score"] for r in rows]
+
+
 def main(cfg: SelectConfig) -> dict:
     console = Console()
     paths = find_checkpoints(cfg)
@@ -152,6 +173,7 @@ def main(cfg: SelectConfig) -> dict:
     evaluators = {
         "robust": Evaluator(robust_env_config(env_cfg, cfg.action_noise), cfg.robust),
         "fixed_lap": Evaluator(fixed_lap_env_config(env_cfg), cfg.fixed_lap),
+        **({"sim2sim": Evaluator(sim2sim_env_config(env_cfg, cfg.action_noise), cfg.robust)} if cfg.sim2sim else {}),
         "proxy": Evaluator(reality_env_config(env_cfg, cfg.reality), cfg.proxy),
     }
     rows = []
@@ -174,7 +196,9 @@ def main(cfg: SelectConfig) -> dict:
             console.print(
                 ("(scored before) " if reused else "")
                 + f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
-                f"{row['fixed_lap']['score']:.3f}, proxy {row['proxy']['score']:.3f} "
+                f"{row['fixed_lap']['score']:.3f}, "
+                + (f"sim2sim {row['sim2sim']['score']:.3f}, " if "sim2sim" in row else "")
+                + f"proxy {row['proxy']['score']:.3f} "
                 f"(laps {row['proxy']['lap_completion']:.0%}, {row['proxy_seconds']:.0f} s)"
             )
     except BaseException:
@@ -184,12 +208,13 @@ def main(cfg: SelectConfig) -> dict:
     robust = [r["robust"]["score"] for r in rows]
     fixed = [r["fixed_lap"]["score"] for r in rows]
     proxy = [r["proxy"]["score"] for r in rows]
+    sim = selection_scores(rows, cfg.select_by)
     best_proxy = max(proxy)
     picks = {}
-    for pick in (pick_consecutive_good(robust, cfg.good_margin, cfg.min_run), pick_last(robust), pick_best(robust)):
+    for pick in (pick_consecutive_good(sim, cfg.good_margin, cfg.min_run), pick_last(sim), pick_best(sim)):
         picks[pick.rule] = {
             "index": pick.index, "checkpoint": rows[pick.index]["name"], "detail": pick.detail,
-            "robust_score": robust[pick.index], "proxy_score": proxy[pick.index],
+            "robust_score": robust[pick.index], "selection_score": sim[pick.index], "proxy_score": proxy[pick.index],
             "proxy_lap_completion": rows[pick.index]["proxy"]["lap_completion"],
             "proxy_vs_best": proxy[pick.index] / best_proxy if best_proxy > 0 else math.nan,
         }  # fmt: skip
@@ -201,10 +226,22 @@ def main(cfg: SelectConfig) -> dict:
         "spearman_fixed_lap_vs_proxy_ci": spearman_interval(
             [r["fixed_lap_episodes"] for r in rows], [r["proxy_episodes"] for r in rows]),
         "spearman_by_robust_summary": spearman_by_summary([r["robust"] for r in rows], proxy),
+        "select_by": cfg.select_by,
+        "reliability": {name: split_half_reliability([r[f"{name}_episodes"] for r in rows])
+                        for name in ("robust", "proxy", *(("sim2sim",) if cfg.sim2sim else ()))},
         "best_proxy": {"index": int(proxy.index(best_proxy)), "score": best_proxy},
         "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
         "scoring_seconds": time.time() - t0,
     }  # fmt: skip
+    if cfg.sim2sim:
+        sim2sim = [r["sim2sim"]["score"] for r in rows]
+        both = selection_scores(rows, "both")
+        result["spearman_sim2sim_vs_proxy"] = spearman(sim2sim, proxy)
+        result["spearman_sim2sim_vs_proxy_ci"] = spearman_interval(
+            [r["sim2sim_episodes"] for r in rows], [r["proxy_episodes"] for r in rows])  # fmt: skip
+        result["spearman_both_vs_proxy"] = spearman(both, proxy)
+        pooled = [[*r["robust_episodes"], *r["sim2sim_episodes"]] for r in rows]  # same count: mean of the two
+        result["spearman_both_vs_proxy_ci"] = spearman_interval(pooled, [r["proxy_episodes"] for r in rows])
     try:
         if cfg.decompose:
             row = rows[picks["consecutive-good"]["index"]]

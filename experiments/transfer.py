@@ -43,6 +43,14 @@ def robust_env_config(env_cfg: EnvConfig, action_noise: float = 0.1) -> EnvConfi
     return replace(env_cfg, randomization=rnd, compile=False)
 
 
+def sim2sim_env_config(env_cfg: EnvConfig, action_noise: float = 0.1) -> EnvConfig:
+    """Robust evaluation on the second physics engine: the contact-wheel Genesis car at the training physics step,
+    with the training camera, randomization and action noise (a sim-to-sim check). The reality proxy still differs
+    from it: a finer step, the unmodeled actuation effects, a fixed car and floor, its own camera, lens and scene."""
+    cfg = robust_env_config(env_cfg, action_noise)
+    return replace(cfg, physics="genesis", randomization=replace(cfg.randomization, rear_grip=False))
+
+
 def fixed_lap_env_config(env_cfg: EnvConfig) -> EnvConfig:
     """The training sim with every randomization off."""
     return replace(env_cfg, randomization=replace(NOMINAL, direction="forward"), compile=False)
@@ -127,6 +135,37 @@ def spearman_interval(
         return (float("nan"), float("nan"))
     tail = 100.0 * (1.0 - level) / 2.0
     return (float(np.percentile(rho, tail)), float(np.percentile(rho, 100.0 - tail)))
+
+
+def split_half_reliability(episodes: list, splits: int = 500, seed: int = 0) -> dict[str, float]:
+    """How reproducible the ranking of checkpoints by a score is, from its own per-episode terms.
+
+    `episodes[i]` holds checkpoint i's per-episode scores, the same episode plan for every checkpoint. Each split
+    cuts the plan's episodes into two random halves (the same cut for every checkpoint) and correlates the
+    checkpoints' means on one half with those on the other (Spearman); `split_half` is the mean over splits, and
+    `full_length` its Spearman-Brown step-up to the whole plan, r' = 2r / (1 + r): the correlation two independent
+    evaluations of this length would have with each other. A score cannot rank the checkpoints more reproducibly than
+    that, so the correlation between two scores is bounded by about sqrt(rel_x * rel_y) (classical attenuation)."""
+    lengths = {len(e) for e in episodes}
+    if len(lengths) != 1:
+        raise ValueError(f"every checkpoint needs the same episode plan; got lengths {sorted(lengths)}")
+    n = lengths.pop()
+    if n < 2 or len(episodes) < 3:
+        return {"split_half": float("nan"), "full_length": float("nan")}
+    table = np.asarray(episodes, dtype=np.float64)  # (checkpoints, episodes)
+    rng = np.random.default_rng(seed)
+    rhos = []
+    for _ in range(splits):
+        order = rng.permutation(n)
+        a, b = order[: n // 2], order[n // 2 : 2 * (n // 2)]
+        rho = spearman(table[:, a].mean(1), table[:, b].mean(1))
+        if not np.isnan(rho):
+            rhos.append(rho)
+    if not rhos:
+        return {"split_half": float("nan"), "full_length": float("nan")}
+    r = float(np.mean(rhos))
+    full = 2.0 * r / (1.0 + r) if r > -1.0 else float("nan")
+    return {"split_half": r, "full_length": float(full)}
 
 
 def _worst_direction(key: str):

@@ -27,6 +27,21 @@ def _interval(result: dict, key: str) -> str:
     return "" if math.isnan(lo) else f" (95% interval {_fmt(lo)} to {_fmt(hi)} over resampled episodes)"
 
 
+def _reliability_lines(result: dict) -> list[str]:
+    """How reproducibly each score ranks the checkpoints (split halves of its own episodes), and the rank correlation
+    that this much noise allows between the robust score and the proxy."""
+    rel = result.get("reliability")
+    if not rel:
+        return []
+    r, p = rel["robust"]["full_length"], rel["proxy"]["full_length"]
+    bound = math.sqrt(r * p) if r > 0 and p > 0 else math.nan
+    return [
+        f"- reproducibility of the ranking (split-half Spearman stepped up to the whole evaluation): robust sim "
+        f"{_fmt(r)}, proxy {_fmt(p)}; so the robust-vs-proxy correlation can reach about {_fmt(bound)} with this "
+        "many episodes per checkpoint"
+    ]
+
+
 def indistinguishable_from_best(rows: list[dict], best: int) -> int:
     """How many checkpoints' proxy lap-completion intervals overlap the best checkpoint's (the best included): the
     checkpoints the proxy cannot tell apart, among which no sim score can be expected to rank."""
@@ -100,9 +115,23 @@ def write_report(result: dict, out: Path) -> list[Path]:
         + _interval(result, "spearman_robust_vs_proxy"),
         f"- Spearman, fixed-lap sim score vs proxy score: **{_fmt(result['spearman_fixed_lap_vs_proxy'])}**"
         + _interval(result, "spearman_fixed_lap_vs_proxy"),
+        *[
+            f"- Spearman, {label} vs proxy score: **{_fmt(result[key])}**" + _interval(result, key)
+            for key, label in (
+                ("spearman_sim2sim_vs_proxy", "robust score on the second physics engine (sim2sim)"),
+                ("spearman_both_vs_proxy", "mean of the robust and sim2sim scores"),
+            )
+            if key in result
+        ],
+        *(
+            [f"- the rules below pick by the `{result['select_by']}` score"]
+            if result.get("select_by", "robust") != "robust"
+            else []
+        ),
         f"- best checkpoint in the proxy: {names[result['best_proxy']['index']]} "
         f"(score {_fmt(result['best_proxy']['score'])}); {tied} of {len(rows)} checkpoints have 95% lap-completion "
         "intervals in the proxy that overlap its interval",
+        *_reliability_lines(result),
         "",
         "| rule | pick | robust score | proxy score | proxy laps | vs best in proxy |",
         "|---|---|---|---|---|---|",
@@ -116,12 +145,16 @@ def write_report(result: dict, out: Path) -> list[Path]:
     if summaries:
         lines += ["", "Spearman vs the proxy score of other summaries of the same robust episodes: " + "; ".join(
             f"{name} {_fmt(rho)}" for name, rho in summaries.items()) + "."]  # fmt: skip
-    lines += ["", "| checkpoint | robust | fixed lap | proxy | proxy laps (fwd / rev) | proxy lap / optimal |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+    s2s = all("sim2sim" in r for r in rows)
+    extra = ("sim2sim | ", "---|") if s2s else ("", "")
+    head = f"| checkpoint | robust | fixed lap | {extra[0]}proxy | proxy laps (fwd / rev) | proxy lap / optimal |"
+    lines += ["", head, f"|---|---|---|{extra[1]}---|---|---|"]
     for r in rows:
         p = r["proxy"]
         lines.append(
-            f"| {r['name']} | {_fmt(r['robust']['score'])} | {_fmt(r['fixed_lap']['score'])} | {_fmt(p['score'])} | "
+            f"| {r['name']} | {_fmt(r['robust']['score'])} | {_fmt(r['fixed_lap']['score'])} | "
+            + (f"{_fmt(r['sim2sim']['score'])} | " if s2s else "")
+            + f"{_fmt(p['score'])} | "
             f"{_fmt(p['forward/lap_completion'], True)} / {_fmt(p['reverse/lap_completion'], True)} | "
             f"{_fmt(p['lap_time_ratio'])} |"
         )

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from experiments.transfer import pick_best, pick_consecutive_good, pick_last, rank, spearman, spearman_interval
+from experiments.transfer import (
+    pick_best,
+    pick_consecutive_good,
+    pick_last,
+    rank,
+    spearman,
+    spearman_interval,
+    split_half_reliability,
+)
 
 
 def test_rank_averages_ties():
@@ -45,6 +53,24 @@ def test_spearman_interval_collapses_without_noise_and_widens_with_it():
     assert hi_many - lo_many < hi_few - lo_few, "more proxy episodes, a tighter interval"
     with pytest.raises(ValueError, match="checkpoints"):
         spearman_interval(x, y[:3])
+
+
+def test_split_half_reliability_is_one_without_noise_near_zero_for_pure_noise_and_steps_up():
+    # Noise-free: every half reproduces the ranking exactly.
+    exact = [[0.1] * 6, [0.5] * 6, [0.9] * 6, [0.7] * 6]
+    assert split_half_reliability(exact) == pytest.approx({"split_half": 1.0, "full_length": 1.0})
+    # Identical checkpoints (all true rates 0.8), 0/1 laps: the halves' rankings are unrelated.
+    rng = np.random.default_rng(0)
+    same = [rng.binomial(1, 0.8, 40).astype(float) for _ in range(12)]
+    assert abs(split_half_reliability(same)["split_half"]) < 0.15
+    # Distinct rates: more episodes per checkpoint, a more reproducible ranking; Spearman-Brown 2r / (1 + r).
+    rates = np.linspace(0.5, 0.95, 12)
+    few = split_half_reliability([rng.binomial(1, p, 20).astype(float) for p in rates])
+    many = split_half_reliability([rng.binomial(1, p, 400).astype(float) for p in rates])
+    assert 0.0 < few["split_half"] < many["split_half"] <= 1.0
+    assert few["full_length"] == pytest.approx(2 * few["split_half"] / (1 + few["split_half"]))
+    with pytest.raises(ValueError, match="same episode plan"):
+        split_half_reliability([[1.0, 0.0], [1.0]])
 
 
 def test_report_counts_the_checkpoints_the_proxy_cannot_tell_from_the_best():
@@ -135,3 +161,25 @@ def test_score_cache_reuses_a_checkpoint_only_unchanged_and_with_the_same_settin
     assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None, "a rewritten checkpoint is scored again"
     (tmp_path / "scores.json").write_text("{not json")
     assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None
+
+
+def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag():
+    from envs.errors import ConfigError
+    from envs.racing.config import EnvConfig
+    from envs.racing.randomization import RandomizationConfig
+    from experiments.select_checkpoint import SelectConfig, selection_scores
+    from experiments.transfer import robust_env_config, sim2sim_env_config
+
+    base = EnvConfig(camera="projective", randomization=RandomizationConfig(rear_grip=True))
+    robust, s2s = robust_env_config(base, 0.1), sim2sim_env_config(base, 0.1)
+    assert (robust.physics, s2s.physics) == ("bicycle", "genesis") and s2s.camera == "projective"
+    assert s2s.randomization.action_noise and s2s.randomization.action_noise_max == 0.1
+    assert not s2s.randomization.rear_grip, "the bicycle's axle grip balance has no meaning on the contact-wheel car"
+    assert replace(s2s.randomization, rear_grip=True) == robust.randomization and s2s.dt_physics == robust.dt_physics
+    with pytest.raises(ConfigError, match="--sim2sim"):
+        SelectConfig(select_by="both")
+    with pytest.raises(ConfigError, match="select_by"):
+        SelectConfig(select_by="proxy", sim2sim=True)
+    rows = [{"robust": {"score": 0.6}, "sim2sim": {"score": 0.8}}, {"robust": {"score": 1.0}, "sim2sim": {"score": 0.5}}]
+    assert selection_scores(rows, "both") == pytest.approx([0.7, 0.75])
+    assert selection_scores(rows, "sim2sim") == [0.8, 0.5]
