@@ -193,7 +193,7 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     target, since = torch.zeros(n_ep, width), torch.full((n_ep, width), -1, dtype=torch.long)
     for i, (a, m) in enumerate(zip(first, length)):  # rows of an episode are contiguous (whole episodes per append)
         features[i, :m] = torch.from_numpy(flat[a : a + m])
-        target[i, :m] = float(t[factor][a])
+        target[i, :m] = torch.from_numpy(t[factor][a : a + m].astype(np.float32))  # per step: worlds may change
         since[i, :m] = torch.from_numpy(step[a : a + m].astype(np.int64))
     mu_g = torch.from_numpy(t["friction"][first])[:, None] * 9.81
     grip = features[..., FEATURES.index("lateral_accel")].abs() / mu_g

@@ -54,6 +54,10 @@ class DaggerConfig:
     """weight of the two latency classification losses"""
     estimate_weight: float = 0.5
     """weight of the friction / motor-gain / speed regression loss"""
+    redraw_seconds: float = 0.0
+    """re-draw the car's dynamics and latencies every this many seconds of a collection episode
+    (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds
+    per episode for the estimates to learn from, and changes to follow mid-episode"""
     cache_mb: int = 1024
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
@@ -68,6 +72,7 @@ class DaggerConfig:
         check_range("dagger.beta_decay", self.beta_decay, 0.0, 1.0)
         check_range("dagger.gate_threshold", self.gate_threshold, 0.0, 1.0)
         check_range("dagger.envs", self.envs, 1, 100_000)
+        check_range("dagger.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)

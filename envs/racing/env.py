@@ -131,6 +131,7 @@ class RacingEnv:
         self.prev_action = zeros(2)  # normalized previous command (steering / max, speed / max)
         self.prev_vel = zeros(2)
         self.start_index = torch.arange(n, device=dev) % len(cfg.start_points)
+        self._redraw_steps = int(round(rnd.redraw_seconds * cfg.control_hz))
         self._obs: TensorDict | None = None
 
     # ------------------------------------------------------------------------------------------------- resets
@@ -286,8 +287,23 @@ class RacingEnv:
         done_ids = dones.nonzero(as_tuple=True)[0]
         if done_ids.numel() > 0:
             self._reset_idx(done_ids)
+        if self._redraw_steps > 0:
+            due = (self.episode_length_buf > 0) & (self.episode_length_buf % self._redraw_steps == 0)
+            redraw_ids = due.nonzero(as_tuple=True)[0]
+            if redraw_ids.numel() > 0:
+                self._redraw_dynamics(redraw_ids)
         self._obs = self._observe()
         return self._obs, rewards, dones, extras
+
+    def _redraw_dynamics(self, env_ids: Tensor) -> None:
+        """A new draw of the car's parameters and both latencies for `env_ids`, mid-episode (`redraw_seconds`); the
+        travel direction, visuals, action noise and battery stay those of the episode."""
+        world = sample_world(self.cfg.randomization, env_ids.numel(), self.cfg.dt_physics, self.generator, self.device)
+        for name in CarParams.__dataclass_fields__:
+            getattr(self.world.params, name)[env_ids] = getattr(world.params, name)
+        self.world.action_latency[env_ids] = world.action_latency
+        self.world.camera_latency[env_ids] = world.camera_latency
+        self.physics.set_params(self.world.params, env_ids)
 
     def _update_stuck(self) -> Tensor:
         term = self.cfg.termination

@@ -62,6 +62,11 @@ class RandomizationConfig:
     """add noise to every executed action"""
     action_noise_max: float = 0.1
     """per-env noise scale is uniform in [0, x]: steering noise ±x * max steering, speed noise ±x * speed"""
+    redraw_seconds: float = 0.0
+    """re-draw the car's dynamics (friction, mass, motor and steering gain, steering trim, grip balance) and both
+    latencies every this many seconds of an episode, each from its range above (0: once per episode, at reset).
+    Worlds that change mid-episode teach a history encoder to follow a change (the mid-episode shift test) rather
+    than read the factors from the start of an episode, and show it several worlds per episode"""
     direction: Literal["forward", "reverse", "alternate", "random"] = "alternate"
     """travel direction per episode: fixed, alternating every episode, or a coin flip"""
     random_start: bool = True
@@ -93,6 +98,7 @@ class RandomizationConfig:
         check_range("randomization.start_heading_deg", self.start_heading_deg, 0.0, 45.0)
         check_interval("randomization.brightness_range", self.brightness_range, 0.1, 3.0)
         check_range("randomization.color_jitter", self.color_jitter, 0.0, 0.9)
+        check_range("randomization.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
         if self.direction not in ("forward", "reverse", "alternate", "random"):
             raise ConfigError(f"randomization.direction={self.direction!r}; use forward, reverse, alternate or random")
 

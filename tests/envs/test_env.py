@@ -172,6 +172,44 @@ def test_unknown_track_and_mid_episode_shift():
         env.shift_world(torch.tensor([0]), grip=1.0)
 
 
+def test_redraw_changes_the_dynamics_every_period_and_nothing_else():
+    rnd = RandomizationConfig(friction_range=(0.5, 1.2), action_latency_ms=(0.0, 100.0), visual=False)
+    env = RacingEnv(small_env_config(num_envs=4, randomization=replace(rnd, redraw_seconds=1.0)))  # every 15 steps
+    driver = PurePursuitDriver(
+        env.action_space, env.cfg.car, env.cfg.obs.lookahead_points, env.cfg.obs.lookahead_spacing
+    )
+
+    def hold(e=env):  # drive on: no episode ends in 30 steps
+        return driver.act(e.get_observations())
+
+    factors0, visuals0, direction0 = (
+        env.world.params.friction.clone(),
+        env.visuals.asphalt.clone(),
+        env.direction.clone(),
+    )
+    for _ in range(14):
+        env.step(hold())
+    assert torch.equal(env.world.params.friction, factors0), "no redraw before the period"
+    obs, _, dones, _ = env.step(hold())  # step 15
+    assert not dones.any() and env.episode_length_buf.tolist() == [15] * 4
+    friction = env.world.params.friction
+    assert (friction != factors0).all() and ((friction >= 0.5) & (friction <= 1.2)).all()
+    assert torch.equal(env.physics.params.friction, friction), "the physics runs with the new draw"
+    assert torch.equal(obs["env_factors"], RacingEnv.__dict__["_observe"](env)["env_factors"])
+    assert torch.equal(env.visuals.asphalt, visuals0) and torch.equal(env.direction, direction0)
+    latency_before = env.world.action_latency.clone()
+    for _ in range(15):
+        env.step(hold())
+    assert not torch.equal(env.world.action_latency, latency_before) or env.world.action_latency.max() == 0
+    steady = RacingEnv(small_env_config(num_envs=4, randomization=rnd))
+    start = steady.world.params.friction.clone()
+    for _ in range(30):
+        steady.step(hold(steady))
+    assert torch.equal(steady.world.params.friction, start), "redraw_seconds 0: one world per episode"
+    with pytest.raises(ConfigError, match="redraw_seconds"):
+        RandomizationConfig(redraw_seconds=-1.0)
+
+
 def test_compiled_env_matches_eager_closely():
     eager = RacingEnv(EnvConfig(num_envs=16, compile=False))
     comp = RacingEnv(EnvConfig(num_envs=16, compile=True))

@@ -180,6 +180,9 @@ def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag()
         SelectConfig(select_by="both")
     with pytest.raises(ConfigError, match="select_by"):
         SelectConfig(select_by="proxy", sim2sim=True)
-    rows = [{"robust": {"score": 0.6}, "sim2sim": {"score": 0.8}}, {"robust": {"score": 1.0}, "sim2sim": {"score": 0.5}}]
+    rows = [
+        {"robust": {"score": 0.6}, "sim2sim": {"score": 0.8}},
+        {"robust": {"score": 1.0}, "sim2sim": {"score": 0.5}},
+    ]
     assert selection_scores(rows, "both") == pytest.approx([0.7, 0.75])
     assert selection_scores(rows, "sim2sim") == [0.8, 0.5]

@@ -230,3 +230,25 @@ def test_ablation_scores_each_variant_in_the_reality_proxy_once(teacher_path, tm
     assert len(worlds) == 1
     ablate.main(replace(cfg, proxy_reality=replace(reality, friction=0.6)))  # another proxy: evaluated again
     assert len(worlds) == 2 and worlds[1].randomization.friction_range[1] == pytest.approx(0.6 * (1 + reality.spread))
+
+
+def test_redrawn_worlds_reach_the_collected_targets_but_not_the_saved_world(teacher_path, tmp_path):
+    # Collection episodes of 12 steps with a new world every 0.4 s (6 steps): the friction target changes inside an
+    # episode; the world saved with the run (evaluation, checkpoints) is the teacher's.
+    run = distiller(teacher_path, tmp_path / "r", dagger=replace(DAGGER, rounds=1, redraw_seconds=0.4))
+    assert run.env.cfg.randomization.redraw_seconds == 0.4
+    assert run.env_cfg.randomization.redraw_seconds == 0.0 and run.eval_env.cfg.randomization.redraw_seconds == 0.0
+    run.run(show_progress=False)
+    import h5py
+
+    from adaptation.losses import TARGET_COLUMNS
+
+    shard = tmp_path / "r" / "data" / read_manifest(tmp_path / "r" / "data")["shards"][0]["file"]
+    with h5py.File(shard, "r") as f:
+        n = int(f.attrs["n_valid"])
+        episode, friction = f["episode"][:n], f["targets"][:n, TARGET_COLUMNS.index("friction")]
+    changed = [len(set(friction[episode == e].round(6))) > 1 for e in set(episode.tolist())
+               if (episode == e).sum() > 6]  # fmt: skip
+    assert changed and all(changed)
+    saved = torch.load(sorted((tmp_path / "r" / "checkpoints").glob("*.pt"))[-1], weights_only=False)
+    assert "redraw_seconds: 0.0" in saved["env_yaml"]
