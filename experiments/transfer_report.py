@@ -34,6 +34,8 @@ def _reliability_lines(result: dict) -> list[str]:
     if not rel:
         return []
     r, p = rel["robust"]["full_length"], rel["proxy"]["full_length"]
+    if math.isnan(r) and math.isnan(p):  # fewer than 3 checkpoints or 2 episodes each
+        return []
     bound = math.sqrt(r * p) if r > 0 and p > 0 else math.nan
     return [
         f"- reproducibility of the ranking (split-half Spearman stepped up to the whole evaluation): robust sim "

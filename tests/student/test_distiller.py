@@ -123,7 +123,18 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
     assert len(report["spearman_robust_vs_proxy_ci"]) == 2 and len(report["checkpoints"][0]["proxy_episodes"]) == 2
     assert set(report["spearman_by_robust_summary"]) == set(ROBUST_SUMMARIES)
-    assert "worst direction's progress" in (tmp_path / "s" / "transfer" / "transfer.md").read_text()
+    md = (tmp_path / "s" / "transfer" / "transfer.md").read_text()
+    assert "worst direction's progress" in md and "reproducibility of the ranking" not in md  # 2 checkpoints: nan
+    # The same report with the sim-to-sim score (as `--sim2sim --select-by both` writes it) names it and its column.
+    from experiments.transfer_report import write_report
+
+    s2s = {**report, "select_by": "both", "spearman_sim2sim_vs_proxy": 1.0, "spearman_sim2sim_vs_proxy_ci": (0.5, 1.0),
+           "checkpoints": [{**r, "sim2sim": {"score": 0.25}} for r in report["checkpoints"]],
+           "reliability": {"robust": {"full_length": 0.81}, "proxy": {"full_length": 0.64}}}  # fmt: skip
+    write_report(s2s, tmp_path / "s2s")
+    md = (tmp_path / "s2s" / "transfer.md").read_text()
+    assert "second physics engine (sim2sim) vs proxy score: **1.000**" in md and "| sim2sim |" in md
+    assert "the rules below pick by the `both` score" in md and "can reach about 0.720" in md
     # Run again: every checkpoint's scores come back from scores.json, and the report is the same.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
