@@ -71,7 +71,10 @@ def estimate_metrics(
     """Quality of the explicit estimates on flat `(M, ...)` tensors.
 
     Latency: exact-class accuracy and accuracy within one control frame (`frame_substeps`), for action latency and
-    for the total loop latency (action + camera), plus what always guessing the mean class would score.
+    for the total loop latency (action + camera), plus what always guessing the mean class would score; and the R^2
+    of the expected action latency under the predicted class distribution (0 = no better than that constant guess).
+    Within one frame is a weak test when the latency range spans little more than a frame: then the constant guess
+    scores close to 100% and only the R^2 and the error against the constant guess say whether latency is estimated.
     """
     act_cls = latency_class(targets[:, 0], dt_physics, heads["action_latency_logits"].shape[-1])
     cam_cls = latency_class(targets[:, 1], dt_physics, heads["camera_latency_logits"].shape[-1])
@@ -79,8 +82,12 @@ def estimate_metrics(
     cam_pred = heads["camera_latency_logits"].argmax(-1)
     total_err = (act_pred + cam_pred - act_cls - cam_cls).abs()
     constant = torch.round(act_cls.float().mean()).long()
+    total_constant = torch.round((act_cls + cam_cls).float().mean()).long()
+    classes = torch.arange(heads["action_latency_logits"].shape[-1], dtype=torch.float32)
+    expected = (heads["action_latency_logits"].float().softmax(-1) * classes).sum(-1)  # in substeps
     est = denormalize_estimates(heads["estimates"])
     out = {
+        "action_latency_r2": r2_score(expected, act_cls.float()),
         "action_latency_acc": float((act_pred == act_cls).float().mean()),
         "action_latency_within_frame": float(((act_pred - act_cls).abs() <= frame_substeps).float().mean()),
         "action_latency_within_frame_constant_guess": float(
@@ -88,6 +95,9 @@ def estimate_metrics(
         ),
         "loop_latency_within_frame": float((total_err <= frame_substeps).float().mean()),
         "loop_latency_mae_ms": float(total_err.float().mean() * dt_physics * 1000.0),
+        "loop_latency_mae_ms_constant_guess": float(
+            (total_constant - act_cls - cam_cls).abs().float().mean() * dt_physics * 1000.0
+        ),
         "camera_latency_acc": float((cam_pred == cam_cls).float().mean()),
     }
     for name in ESTIMATES:

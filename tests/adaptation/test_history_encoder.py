@@ -83,3 +83,27 @@ def test_losses_and_metrics_by_hand():
     heads = {k: v[:, :1].expand(-1, 2, *v.shape[2:]) for k, v in heads.items()}  # both steps as the first
     m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4)
     assert m["action_latency_acc"] == 1.0 and m["loop_latency_within_frame"] == 1.0
+
+
+def test_latency_estimate_is_scored_against_the_constant_guess():
+    # True action latencies 0, 2, 4, 6 substeps (1/60 s), camera latency 0: the mean class 3 is within one frame
+    # (4 substeps) of every one, so "within a frame" cannot tell a constant guess from an estimate; the R^2 can.
+    targets = torch.zeros(4, 7)
+    targets[:, 0] = torch.tensor([0.0, 2.0, 4.0, 6.0]) / 60
+    targets[:, 2:4] = 1.0
+
+    def heads(classes):
+        return {
+            "action_latency_logits": 20.0 * torch.nn.functional.one_hot(torch.tensor(classes), 7).float(),
+            "camera_latency_logits": 20.0 * torch.nn.functional.one_hot(torch.zeros(4, dtype=torch.long), 5).float(),
+            "estimates": torch.zeros(4, 5),
+        }
+
+    exact = estimate_metrics(heads([0, 2, 4, 6]), targets, 1 / 60, frame_substeps=4)
+    constant = estimate_metrics(heads([3, 3, 3, 3]), targets, 1 / 60, frame_substeps=4)
+    assert exact["action_latency_within_frame_constant_guess"] == 1.0 == constant["action_latency_within_frame"]
+    assert exact["action_latency_r2"] == pytest.approx(1.0, abs=1e-6)
+    assert constant["action_latency_r2"] == pytest.approx(0.0, abs=1e-6)
+    # loop latency: guessing the mean total (3 substeps) misses by 3, 1, 1, 3 substeps = 2/60 s on average
+    assert exact["loop_latency_mae_ms_constant_guess"] == pytest.approx(2000 / 60)
+    assert exact["loop_latency_mae_ms"] == pytest.approx(0.0)
