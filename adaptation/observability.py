@@ -35,8 +35,11 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
 }
 """named feature subsets: what the regressor is given (`commands+body_velocities` is what the student has when its
 own estimates of speed, lateral speed and yaw rate are exact)"""
-FACTORS = ("friction", "motor_gain")
-"""factors the student's history encoder estimates (nominal value 1.0)"""
+FACTORS = ("friction", "motor_gain", "action_latency")
+"""factors the student's history encoder estimates (friction and motor gain nominal 1.0; action latency in seconds,
+nominal one frame at 15 Hz)"""
+NOMINAL = {"friction": 1.0, "motor_gain": 1.0, "action_latency": 1.0 / 30.0}
+"""what a blind driver is told each factor is"""
 
 
 @dataclass
@@ -50,12 +53,20 @@ class Recording:
     grip_use: Tensor  # |lateral acceleration| / (friction * g), (N, T)
 
 
-def blind_factor(obs, factor: str, nominal: float = 1.0):
+def blind_factor(obs, factor: str, nominal: float | None = None):
     """The observation with `factor`'s column of `env_factors` set to its normalized nominal value."""
+    nominal = NOMINAL[factor] if nominal is None else nominal
     lo, hi = FACTOR_BOUNDS[factor]
     out = obs.clone()
     out["env_factors"][:, FACTOR_NAMES.index(factor)] = 2.0 * (nominal - lo) / (hi - lo) - 1.0
     return out
+
+
+def factor_value(env: RacingEnv, factor: str) -> Tensor:
+    """The factor's true value per env (action latency in seconds)."""
+    if factor == "action_latency":
+        return env.world.action_latency.float() * env.cfg.dt_physics
+    return getattr(env.world.params, factor).clone()
 
 
 @torch.no_grad()
@@ -75,7 +86,7 @@ def record(driver, env: RacingEnv, factor: str, steps: int, blind: bool = True) 
         s = env.physics.state
         lateral_accel = s.vx * s.yaw_rate
         feats.append(torch.stack([steer_cmd, speed_cmd, s.vx, s.vy, s.yaw_rate, s.steer, lateral_accel], -1))
-        target.append(getattr(env.world.params, factor).clone())
+        target.append(factor_value(env, factor))
         since.append(env.episode_length_buf.clone())
         episodes.append(episode.clone())
         grip.append(lateral_accel.abs() / (env.world.params.friction * 9.81))
@@ -195,7 +206,7 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
         features[i, :m] = torch.from_numpy(flat[a : a + m])
         target[i, :m] = torch.from_numpy(t[factor][a : a + m].astype(np.float32))  # per step: worlds may change
         since[i, :m] = torch.from_numpy(step[a : a + m].astype(np.int64))
-    mu_g = torch.from_numpy(t["friction"][first])[:, None] * 9.81
+    mu_g = torch.from_numpy(t["friction"][first])[:, None] * 9.81  # the grip use is only a summary
     grip = features[..., FEATURES.index("lateral_accel")].abs() / mu_g
     episode_ids = torch.arange(n_ep)[:, None].expand(n_ep, width).clone()
     return Recording(features, target, since, episode_ids, torch.nan_to_num(grip, nan=0.0))

@@ -52,9 +52,10 @@ class ObservabilityConfig:
     """a DAgger run instead of a teacher: regress from the true body velocities and commands its shards recorded (the
     ceiling of what its student could learn from that data with exact motion estimates)"""
     factor: str = "friction"
-    """factor to regress: friction or motor_gain"""
+    """factor to regress: friction, motor_gain or action_latency (seconds)"""
     blind: bool = True
-    """hold the teacher's input of the factor at nominal (1.0), so its commands do not reveal the true value"""
+    """hold the teacher's input of the factor at nominal (1.0; one frame of latency), so its commands do not reveal
+    the true value"""
     envs: int = 512
     """cars driving at once (one randomized world each per episode)"""
     seconds: float = 30.0

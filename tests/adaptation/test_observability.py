@@ -66,6 +66,25 @@ def test_the_blind_driver_sees_the_nominal_factor_and_the_env_keeps_the_truth():
     others = [i for i in range(len(FACTOR_NAMES)) if i != col]
     assert torch.equal(out["env_factors"][:, others], factors[:, others])
     assert torch.equal(obs["env_factors"], factors), "the env's observation is not modified"
+    latency = blind_factor(obs, "action_latency")["env_factors"][:, FACTOR_NAMES.index("action_latency")]
+    assert torch.allclose(denormalize_factor("action_latency", latency), torch.full((4,), 1 / 30))
+
+
+def test_the_latency_recording_holds_each_cars_true_action_latency_in_seconds():
+    from adaptation.observability import record
+    from envs.racing.env import RacingEnv
+
+    env = RacingEnv(EnvConfig(num_envs=6, compile=False))
+
+    class Still:
+        def act(self, obs):
+            return torch.zeros(obs.batch_size[0], 1)
+
+    truth = env.world.action_latency.float() * env.cfg.dt_physics
+    rec = record(Still(), env, "action_latency", steps=3)
+    first = rec.episode[:, 2] == rec.episode[:, 0]  # cars still in their first episode
+    assert first.any() and torch.allclose(rec.target[first, 0], truth[first])
+    assert 0.0 <= float(rec.target.min()) and float(rec.target.max()) <= 0.1 + 1e-6  # the 0-100 ms range
 
 
 def test_observability_script_on_a_tiny_teacher(tmp_path):
