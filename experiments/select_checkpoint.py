@@ -130,8 +130,8 @@ class ScoreCache:
 
     def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:
         self.path = path
-        self.key = {name: to_yaml(getattr(cfg, name)) for name in ("action_noise", "robust", "fixed_lap", "proxy",
-                                                                    "reality", "sim2sim")}  # fmt: skip
+        names = ("action_noise", "robust", "fixed_lap", "proxy", "reality", *(("sim2sim",) if cfg.sim2sim else ()))
+        self.key = {name: to_yaml(getattr(cfg, name)) for name in names}  # caches written before --sim2sim still match
         self.rows: dict[str, dict] = {}
         if enabled and path.is_file():
             try:
@@ -267,6 +267,7 @@ def main(cfg: SelectConfig) -> dict:
     logger.log(
         {"transfer/spearman_robust_vs_proxy": result["spearman_robust_vs_proxy"],
          "transfer/spearman_fixed_lap_vs_proxy": result["spearman_fixed_lap_vs_proxy"],
+         **{f"transfer/{k}": result[k] for k in ("spearman_sim2sim_vs_proxy", "spearman_both_vs_proxy") if k in result},
          **{f"transfer/{rule}/proxy_score": p["proxy_score"] for rule, p in picks.items()}}, step=0,
     )  # fmt: skip
     logger.table(

@@ -156,6 +156,8 @@ def test_score_cache_reuses_a_checkpoint_only_unchanged_and_with_the_same_settin
     assert ScoreCache(tmp_path / "scores.json", cfg, enabled=False).get(ckpt) is None
     other = replace(cfg, proxy=replace(cfg.proxy, seed=cfg.proxy.seed + 1))
     assert ScoreCache(tmp_path / "scores.json", other).get(ckpt) is None, "other episodes: score again"
+    with_s2s = replace(cfg, sim2sim=True)
+    assert ScoreCache(tmp_path / "scores.json", with_s2s).get(ckpt) is None, "rows without the sim-to-sim score"
     st = ckpt.stat()
     os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None, "a rewritten checkpoint is scored again"
