@@ -202,12 +202,13 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     n_ep, width = len(ids), int(length.max())
     features = torch.full((n_ep, width, len(FEATURES)), float("nan"))
     target, since = torch.zeros(n_ep, width), torch.full((n_ep, width), -1, dtype=torch.long)
+    friction = torch.ones(n_ep, width)
     for i, (a, m) in enumerate(zip(first, length)):  # rows of an episode are contiguous (whole episodes per append)
         features[i, :m] = torch.from_numpy(flat[a : a + m])
         target[i, :m] = torch.from_numpy(t[factor][a : a + m].astype(np.float32))  # per step: worlds may change
+        friction[i, :m] = torch.from_numpy(t["friction"][a : a + m].astype(np.float32))
         since[i, :m] = torch.from_numpy(step[a : a + m].astype(np.int64))
-    mu_g = torch.from_numpy(t["friction"][first])[:, None] * 9.81  # the grip use is only a summary
-    grip = features[..., FEATURES.index("lateral_accel")].abs() / mu_g
+    grip = features[..., FEATURES.index("lateral_accel")].abs() / (friction * 9.81)
     episode_ids = torch.arange(n_ep)[:, None].expand(n_ep, width).clone()
     return Recording(features, target, since, episode_ids, torch.nan_to_num(grip, nan=0.0))
 
