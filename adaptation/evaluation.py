@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from adaptation.losses import TARGET_COLUMNS, denormalize_estimates, estimate_metrics
+from adaptation.losses import TARGET_COLUMNS, denormalize_estimates, estimate_metrics, expected_class
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from student.model import StudentModel, StudentPolicy
@@ -76,7 +76,8 @@ def shift_test(
 ) -> dict:
     """Change one factor for every env halfway through an episode; trace the estimate and count off-tracks.
 
-    `factor` is friction (estimate: friction) or action_latency (value in seconds; estimate: latency class).
+    `factor` is friction (estimate: friction) or action_latency (value in seconds; estimate: the expected latency
+    under the predicted class distribution).
     Returns the mean estimate per step, the time after the shift until the mean estimate has covered 80% of the
     shift (or None), and off-track events before and after.
     """
@@ -108,7 +109,7 @@ def shift_test(
         if factor == "friction":
             trace.append(float(denormalize_estimates(heads["estimates"])["friction"].mean()))
         else:
-            trace.append(float(heads["action_latency_logits"].argmax(-1).float().mean() * env.cfg.dt_physics))
+            trace.append(float(expected_class(heads["action_latency_logits"]).mean() * env.cfg.dt_physics))
         obs, _, dones, extras = env.step(action)
         offtrack[int(t >= shift_step)] += int(extras["offtrack"].sum())
         policy.reset(dones)

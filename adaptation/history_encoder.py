@@ -61,6 +61,29 @@ class _CausalConv(nn.Module):
         return F.elu(self.conv(F.pad(x, (self.pad, 0)))) + x
 
 
+def causal_blocks(channels: int, kernel: int, dilations: tuple[int, ...]) -> nn.ModuleList:
+    return nn.ModuleList(_CausalConv(channels, kernel, d) for d in dilations)
+
+
+def tcn_window(x: Tensor, inp: nn.Conv1d, blocks: nn.ModuleList, context: int) -> Tensor:
+    """Causal TCN over `(B, T, D)` inputs (zero where padded) -> `(B, T, C)`. Zero inputs before the window, as in a
+    freshly reset deployment state (`tcn_step` from zeros): every output then equals what `tcn_step` computes whenever
+    the window holds the step's `context` or its episode start."""
+    h = inp(F.pad(x, (0, 0, context, 0)).transpose(1, 2))
+    for block in blocks:
+        h = block(h)
+    return h[:, :, context:].transpose(1, 2)
+
+
+def tcn_step(x: Tensor, state: Tensor, inp: nn.Conv1d, blocks: nn.ModuleList) -> tuple[Tensor, Tensor]:
+    """One step `(N, D)` with the last `context` inputs `(N, context, D)` -> (features `(N, C)`, new state)."""
+    window = torch.cat([state, x.unsqueeze(1)], dim=1)
+    h = inp(window.transpose(1, 2))
+    for block in blocks:
+        h = block(h)
+    return h[:, :, -1], window[:, 1:]
+
+
 class HistoryEncoder(nn.Module):
     """Per-step features `(B, T, embed + 2)` -> history features `(B, T, channels)` and estimate heads."""
 
@@ -72,7 +95,7 @@ class HistoryEncoder(nn.Module):
         self.project = nn.Sequential(nn.Linear(embed_dim + 2, cfg.input_dim), nn.ELU())
         if cfg.kind == "tcn":
             self.inp = nn.Conv1d(cfg.input_dim, cfg.channels, 1)
-            self.blocks = nn.ModuleList(_CausalConv(cfg.channels, cfg.kernel, d) for d in cfg.dilations)
+            self.blocks = causal_blocks(cfg.channels, cfg.kernel, cfg.dilations)
         else:
             self.gru = nn.GRU(cfg.input_dim, cfg.channels, batch_first=True)
         c = cfg.channels
@@ -87,13 +110,7 @@ class HistoryEncoder(nn.Module):
         """Causal features for every step of `(B, T, D)` windows; padded steps are zeroed before encoding."""
         x = self.project(steps) * mask.unsqueeze(-1)
         if self.cfg.kind == "tcn":
-            # Zero inputs before the window, as in a freshly reset deployment state (`init_state`): every output
-            # then equals what `step` computes whenever the window holds the step's context or its episode start.
-            context = self.cfg.receptive_field - 1
-            h = self.inp(F.pad(x, (0, 0, context, 0)).transpose(1, 2))
-            for block in self.blocks:
-                h = block(h)
-            return h[:, :, context:].transpose(1, 2)
+            return tcn_window(x, self.inp, self.blocks, self.cfg.receptive_field - 1)
         # GRU: a window's padding is a prefix (the steps before its episode start). Running the GRU through it would
         # leave a non-zero hidden state at the episode start (a GRU with zero input drifts by its biases), while a
         # reset deployment state is zero; so each row is shifted left to start at its first real step, run from
@@ -127,10 +144,6 @@ class HistoryEncoder(nn.Module):
         """One step `(N, D)` -> (features `(N, channels)`, new state)."""
         x = self.project(step_input)
         if self.cfg.kind == "tcn":
-            window = torch.cat([state, x.unsqueeze(1)], dim=1)  # (N, R, input_dim)
-            h = self.inp(window.transpose(1, 2))
-            for block in self.blocks:
-                h = block(h)
-            return h[:, :, -1], window[:, 1:]
+            return tcn_step(x, state, self.inp, self.blocks)
         out, hidden = self.gru(x.unsqueeze(1), state.transpose(0, 1).contiguous())
         return out[:, -1], hidden.transpose(0, 1)

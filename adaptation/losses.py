@@ -65,6 +65,11 @@ def r2_score(pred: Tensor, target: Tensor) -> float:
     return float(1.0 - (pred - target).square().sum() / sst)
 
 
+def expected_class(logits: Tensor) -> Tensor:
+    """The expected class index under the softmax of `logits` `(..., C)` (for latencies: substeps)."""
+    return (logits.float().softmax(-1) * torch.arange(logits.shape[-1], dtype=torch.float32)).sum(-1)
+
+
 def estimate_metrics(
     heads: dict[str, Tensor], targets: Tensor, dt_physics: float, frame_substeps: int
 ) -> dict[str, float]:
@@ -72,7 +77,9 @@ def estimate_metrics(
 
     Latency: exact-class accuracy and accuracy within one control frame (`frame_substeps`), for action latency and
     for the total loop latency (action + camera), plus what always guessing the mean class would score; and the R^2
-    of the expected action latency under the predicted class distribution (0 = no better than that constant guess).
+    of the expected action latency and of the expected loop latency under the predicted class distributions (0 = no
+    better than a constant guess). The loop latency (action + camera) is what the student can see: the delay from a
+    command to the frame that shows its effect.
     Within one frame is a weak test when the latency range spans little more than a frame: then the constant guess
     scores close to 100% and only the R^2 and the error against the constant guess say whether latency is estimated.
     """
@@ -83,11 +90,12 @@ def estimate_metrics(
     total_err = (act_pred + cam_pred - act_cls - cam_cls).abs()
     constant = torch.round(act_cls.float().mean()).long()
     total_constant = torch.round((act_cls + cam_cls).float().mean()).long()
-    classes = torch.arange(heads["action_latency_logits"].shape[-1], dtype=torch.float32)
-    expected = (heads["action_latency_logits"].float().softmax(-1) * classes).sum(-1)  # in substeps
+    expected = expected_class(heads["action_latency_logits"])  # in substeps
+    expected_loop = expected + expected_class(heads["camera_latency_logits"])
     est = denormalize_estimates(heads["estimates"])
     out = {
         "action_latency_r2": r2_score(expected, act_cls.float()),
+        "loop_latency_r2": r2_score(expected_loop, (act_cls + cam_cls).float()),
         "action_latency_acc": float((act_pred == act_cls).float().mean()),
         "action_latency_within_frame": float(((act_pred - act_cls).abs() <= frame_substeps).float().mean()),
         "action_latency_within_frame_constant_guess": float(

@@ -154,7 +154,8 @@ def main(cfg: DistillConfig) -> dict:
 PRESETS = {
     "default": ("14 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),
     "smoke": ("2 tiny rounds (checks the pipeline)", DistillConfig(
-        dagger=DaggerConfig(rounds=2, envs=4, steps_per_round=20, train_steps=2, batch_windows=2, labels_per_window=4),
+        dagger=DaggerConfig(rounds=2, envs=4, steps_per_round=20, train_steps=2, batch_windows=2, labels_per_window=4,
+                            estimator_fit_steps=20),
         eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),
         final_eval=EvalConfig(start_points=1, laps=1, max_seconds=3.0),
         wandb=WandbConfig(mode="disabled"),

@@ -162,9 +162,9 @@ def online_estimation_report(model, env_cfg, console: Console, num_envs: int = 1
 
     by_time = estimation_by_time(model, env_cfg, num_envs=num_envs)
     table = Table(title="online estimation by time since reset")
-    cols = ("action_latency_r2", "action_latency_within_frame", "action_latency_within_frame_constant_guess",
-            "loop_latency_mae_ms", "loop_latency_mae_ms_constant_guess", "friction_r2", "motor_gain_r2", "speed_r2",
-            "lateral_speed_r2", "yaw_rate_r2")  # fmt: skip
+    cols = ("action_latency_r2", "loop_latency_r2", "action_latency_within_frame",
+            "action_latency_within_frame_constant_guess", "loop_latency_mae_ms", "loop_latency_mae_ms_constant_guess",
+            "friction_r2", "motor_gain_r2", "speed_r2", "lateral_speed_r2", "yaw_rate_r2")  # fmt: skip
     table.add_column("time")
     for c in cols:
         table.add_column(c)

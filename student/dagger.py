@@ -58,6 +58,9 @@ class DaggerConfig:
     """re-draw the car's dynamics and latencies every this many seconds of a collection episode
     (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds
     per episode for the estimates to learn from, and changes to follow mid-episode"""
+    estimator_fit_steps: int = 4000
+    """after the last round's training, fit the factor estimator alone on every recorded episode for this many
+    gradient steps (its inputs are five numbers per step: cheap); 0 = only its training alongside the policy"""
     cache_mb: int = 1024
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
@@ -73,6 +76,7 @@ class DaggerConfig:
         check_range("dagger.gate_threshold", self.gate_threshold, 0.0, 1.0)
         check_range("dagger.envs", self.envs, 1, 100_000)
         check_range("dagger.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
+        check_range("dagger.estimator_fit_steps", self.estimator_fit_steps, 0, 10_000_000)
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from adaptation.estimator_fit import episode_inputs, fit_estimator
 from adaptation.evaluation import estimate_targets
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import (
@@ -195,6 +196,16 @@ class Distiller:
         out["data/rows"] = float(reader.total_rows)
         return out
 
+    def fit_estimator(self) -> dict[str, float]:
+        """The factor estimator fitted alone on every recorded episode (after the last round's training)."""
+        if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
+            return {}
+        data = episode_inputs(self.model, self.data_dir)
+        stats = fit_estimator(
+            self.model.estimator, data, self.env_cfg.dt_physics, steps=self.cfg.estimator_fit_steps, seed=self.cfg.seed
+        )
+        return {f"estimator_fit/{k}": v for k, v in stats.items()}
+
     # --------------------------------------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
         policy = StudentPolicy(self.model, self.eval_env.num_envs)
@@ -221,6 +232,9 @@ class Distiller:
                 metrics = self.collect()
                 t1 = time.time()
                 metrics.update(self.train())
+                out_of_time = cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes
+                if self.round == cfg.rounds - 1 or out_of_time:
+                    metrics.update(self.fit_estimator())
                 t2 = time.time()
                 last = self.evaluate()
                 metrics.update({f"eval/{k}": v for k, v in last.items()})
@@ -233,7 +247,7 @@ class Distiller:
                 self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
                 status = f"laps {last['lap_completion']:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
                 progress.update(task, completed=self.round, status=status)
-                if cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes:
+                if out_of_time:  # decided before the estimator fit, so a run that stops has its estimator fitted
                     break
         self.wall_minutes = (time.time() - start) / 60.0
         return last

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from adaptation.history_encoder import ESTIMATES
@@ -56,6 +57,9 @@ class LoadedStudent:
 def load_student(path: str | Path) -> LoadedStudent:
     data = load_checkpoint(path, kind=STUDENT_KIND, required=("model", "student_yaml", "env_yaml", "output_spec"))
     cfg = from_yaml(StudentConfig, data["student_yaml"], "student")
+    if cfg.has_estimator and not any(k.startswith("estimator.") for k in data["model"]):
+        # distilled before the factor estimator existed: its history encoder's own heads estimate the factors
+        cfg = replace(cfg, estimator=replace(cfg.estimator, kind="none"))
     spec = OutputSpec(**data["output_spec"])
     model = StudentModel(cfg, spec)
     head = data["model"].get("history.estimate_head.weight")

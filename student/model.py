@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
 from envs.errors import check_range
 from student.networks import EncoderConfig, ImageEncoder, PolicyHead, scale_frames
@@ -26,6 +27,9 @@ class StudentConfig:
     """image encoder"""
     history: HistoryConfig = field(default_factory=HistoryConfig)
     """history encoder (kind none = memoryless student)"""
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    """second-stage estimator of the latencies, friction and motor gain from the previous actions and the history
+    encoder's motion estimates (used only with a history encoder)"""
     head_hidden: tuple[int, ...] = (256, 128)
     """policy head widths"""
     head_dropout: float = 0.0
@@ -38,10 +42,16 @@ class StudentConfig:
         check_range("student.burn_in", self.burn_in, 1, 1000)
 
     @property
+    def has_estimator(self) -> bool:
+        return self.history.kind != "none" and self.estimator.kind != "none"
+
+    @property
     def context(self) -> int:
         """Steps before a training position that its output depends on (its loss needs them in the window); a motion
-        encoder reads one frame further back."""
+        encoder reads one frame further back, a factor estimator its receptive field further."""
         extra = 1 if self.encoder.motion else 0
+        if self.has_estimator:
+            extra += self.estimator.receptive_field - 1
         if self.history.kind == "tcn":
             return self.history.receptive_field - 1 + extra
         if self.history.kind == "gru":
@@ -85,6 +95,11 @@ class StudentModel(nn.Module):
                 cfg.history, e, spec.latent_dim, spec.action_latency_classes, spec.camera_latency_classes
             )
             head_in = e + self.history.out_dim + 2
+        self.estimator = (
+            FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
+            if cfg.has_estimator
+            else None
+        )
         self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
 
     def forward_window(
@@ -113,43 +128,66 @@ class StudentModel(nn.Module):
         if self.history is None:
             return self.head(torch.cat([emb, prev_action], -1)), {}
         h = self.history(torch.cat([emb, prev_action], -1), mask)
-        return self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
+        heads = self.history.heads(h)
+        if self.estimator is not None:
+            heads = FactorEstimator.merge(
+                heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
+            )
+        return self.head(torch.cat([emb, h, prev_action], -1)), heads
 
-    def _history_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
-        if self.history is None:
-            return torch.zeros(n, 1, 1, device=device)
-        return self.history.init_state(n, device)
+    def _state_parts(self) -> list[torch.Size]:
+        """Per-env shapes of the deployment state's parts: history state, factor estimator inputs (if any), previous
+        frame and `seen` flag (motion encoders)."""
+        hist = (1, 1) if self.history is None else self.history.init_state(1, "meta").shape[1:]
+        parts = [torch.Size(hist)]
+        if self.estimator is not None:
+            parts.append(self.estimator.init_state(1, "meta").shape[1:])
+        if self.encoder.motion:
+            parts.append(torch.Size((self.image_hw[0] * self.image_hw[1] + 1,)))
+        return parts
 
     def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
-        """Zeros (a reset state). A motion encoder's state is flat: `[history state, previous frame (scaled), seen]`,
-        where `seen` = 0 marks an episode start (the frame is paired with itself), so zeroing still resets it."""
-        hist = self._history_state(n, device)
-        if not self.encoder.motion:
-            return hist
-        return torch.zeros(n, hist[0].numel() + self.image_hw[0] * self.image_hw[1] + 1, device=device)
+        """Zeros (a reset state). With more than one part the state is flat, the parts in `_state_parts` order; a
+        motion encoder's part is `[previous frame (scaled), seen]`, where `seen` = 0 marks an episode start (the frame
+        is paired with itself), so zeroing still resets it."""
+        parts = self._state_parts()
+        if len(parts) == 1:
+            return torch.zeros(n, *parts[0], device=device)
+        return torch.zeros(n, sum(p.numel() for p in parts), device=device)
 
     def step(self, camera: Tensor, prev_action: Tensor, state: Tensor) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state."""
-        if self.encoder.motion:
-            n, (hgt, wid) = camera.shape[0], self.image_hw
-            hist_shape = self._history_state(1, "meta").shape[1:]  # shape only, nothing allocated
-            k = hist_shape.numel()
-            frame = scale_frames(camera)
-            seen = state[:, -1:].view(n, 1, 1, 1) > 0.5
-            previous = torch.where(seen, state[:, k:-1].view(n, 1, hgt, wid), frame)
-            emb = self.encoder(frame, previous)
-            hist = state[:, :k].view(n, *hist_shape)
+        n, parts = camera.shape[0], self._state_parts()
+        if len(parts) == 1:
+            pieces = [state]
         else:
-            emb, hist = self.encoder(camera), state
+            sizes = [p.numel() for p in parts]
+            pieces = [x.reshape(n, *p) for x, p in zip(torch.split(state, sizes, dim=1), parts)]
+        hist, new = pieces[0], []
+        if self.encoder.motion:
+            (hgt, wid), motion = self.image_hw, pieces[-1]
+            frame = scale_frames(camera)
+            seen = motion[:, -1:].view(n, 1, 1, 1) > 0.5
+            previous = torch.where(seen, motion[:, :-1].view(n, 1, hgt, wid), frame)
+            emb = self.encoder(frame, previous)
+        else:
+            emb = self.encoder(camera)
         if self.history is None:
             outputs, heads = self.head(torch.cat([emb, prev_action], -1)), {}
         else:
             h, hist = self.history.step(torch.cat([emb, prev_action], -1), hist)
             outputs, heads = self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
+        new.append(hist)
+        if self.estimator is not None:
+            ours, est_state = self.estimator.step(FactorEstimator.inputs(prev_action, heads["estimates"]), pieces[1])
+            heads = FactorEstimator.merge(heads, ours)
+            new.append(est_state)
         if self.encoder.motion:
             ones = torch.ones(n, 1, device=state.device, dtype=state.dtype)
-            hist = torch.cat([hist.flatten(1), frame.flatten(1).to(state.dtype), ones], dim=1)
-        return outputs, heads, hist
+            new.append(torch.cat([frame.flatten(1).to(state.dtype), ones], dim=1))
+        if len(new) == 1:
+            return outputs, heads, new[0]
+        return outputs, heads, torch.cat([x.flatten(1) for x in new], dim=1)
 
     def actions(self, outputs: Tensor) -> Tensor:
         """Deterministic actions: the most likely index `(…, 1)` or the clamped mean `(…, 2)`."""

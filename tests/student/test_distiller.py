@@ -6,9 +6,13 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
+from adaptation.estimator_fit import episode_inputs
+from adaptation.factor_estimator import FactorEstimator
 from datasets.checkpoints import CheckpointError
 from datasets.rollouts import read_manifest
 from envs.augment import AugmentConfig
@@ -27,7 +31,14 @@ from teacher.trainer import TeacherTrainer, TrainerConfig
 
 ENV = EnvConfig(num_envs=8, compile=False)
 DAGGER = DaggerConfig(
-    rounds=2, envs=3, steps_per_round=12, train_steps=2, batch_windows=2, labels_per_window=3, bf16="off"
+    rounds=2,
+    envs=3,
+    steps_per_round=12,
+    train_steps=2,
+    batch_windows=2,
+    labels_per_window=3,
+    bf16="off",
+    estimator_fit_steps=5,
 )
 STUDENT = StudentConfig(encoder=EncoderConfig(channels=(8, 8, 8), embed_dim=16))
 EVAL = EvalConfig(start_points=1, laps=1, max_seconds=2.0)
@@ -162,6 +173,42 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "reality.friction" in proc.stderr and "Traceback" not in proc.stderr
+    # The factor estimator refitted on the run's episodes; the student's weights otherwise unchanged.
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--steps", "10",
+         "--out", str(tmp_path / "fitted.pt")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "heldout:" in proc.stdout, proc.stderr[-3000:]
+    before, after = load_student(student).model.state_dict(), load_student(tmp_path / "fitted.pt").model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("estimator."))
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--data-dir",
+         str(tmp_path / "nowhere")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "manifest.json (the run" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teacher_path, tmp_path):
+    d = distiller(teacher_path, tmp_path)
+    d.run(show_progress=False)
+    model = d.model.eval()
+    data = episode_inputs(model, tmp_path / "data", batch_frames=40)  # several padded batches per shard
+    with h5py.File(tmp_path / "data" / "round_001.h5", "r") as f:
+        rows = {k: f[k][:] for k in ("camera", "prev_action", "episode")}
+    for e in np.unique(rows["episode"])[:2]:
+        sel = np.flatnonzero(rows["episode"] == e)
+        state, expected = model.init_state(1), []
+        with torch.no_grad():
+            for i in sel:
+                prev = torch.from_numpy(rows["prev_action"][i : i + 1])
+                _, heads, state = model.step(torch.from_numpy(rows["camera"][i : i + 1]), prev, state)
+                expected.append(FactorEstimator.inputs(prev, heads["estimates"])[0])
+        got = data.inputs[data.episode == int(e)]
+        assert torch.allclose(got, torch.stack(expected), atol=1e-4)
+        assert data.step[data.episode == int(e)].tolist() == list(range(len(sel)))
 
 
 def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):

@@ -35,16 +35,21 @@ def test_student_window_and_step_agree(kind, motion):
     with torch.no_grad():
         out_w, heads_w = model.forward_window(cam, prev, mask)
         state = model.init_state(2)
-        outs = []
+        outs, heads = [], []
         for i in range(t):
             if i == 2:
                 state[1] = 0.0  # the reset at row 1's episode start
-            o, _, state = model.step(cam[:, i], prev[:, i], state)
+            o, hd, state = model.step(cam[:, i], prev[:, i], state)
             outs.append(o)
+            heads.append(hd)
     stepped = torch.stack(outs, 1)
     assert out_w.shape == (2, t, 10)
     assert torch.allclose(out_w[0, cfg.context :], stepped[0, cfg.context :], atol=1e-4)
     assert torch.allclose(out_w[1, 2:], stepped[1, 2:], atol=1e-4), "from an episode start the window is exact"
+    for key in heads_w:  # z-hat, the factor estimator's latency logits and estimates, the motion estimates
+        step_head = torch.stack([hd[key] for hd in heads], 1)
+        assert torch.allclose(heads_w[key][0, cfg.context :], step_head[0, cfg.context :], atol=1e-4), key
+        assert torch.allclose(heads_w[key][1, 2:], step_head[1, 2:], atol=1e-4), key
     assert (kind == "none") == (heads_w == {})
     assert cfg.context == StudentConfig(history=cfg.history).context + motion, "motion reads one frame further back"
 

@@ -1,0 +1,98 @@
+"""Fit (or refit) a student's factor estimator on its run's recorded episodes, and save the student with it.
+
+    python -m experiments.fit_estimator default --checkpoint runs/student/checkpoints/round_014.pt
+
+The policy, image encoder and history encoder are unchanged (the estimator reads their output and feeds nothing
+back), so the student drives exactly as before; only its latency, friction and motor-gain estimates change. A
+student distilled before the estimator existed gets one. The recorded episodes are the run's shards (`--data-dir`,
+default `<run>/data` next to the checkpoint's folder). Writes `--out` (default: `<checkpoint>` with an `_estimator`
+suffix) atomically and prints the held-out scores.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from adaptation.estimator_fit import episode_inputs, fit_estimator
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from datasets.checkpoints import load_checkpoint, save_atomic
+from envs.config_io import to_yaml
+from envs.errors import ConfigError
+from experiments.cli import run
+from student.loaded import STUDENT_KIND, load_student
+
+
+@dataclass(frozen=True)
+class FitEstimatorConfig:
+    """Factor estimator fit."""
+
+    checkpoint: str = ""
+    """student checkpoint (required)"""
+    data_dir: str = ""
+    """the run's shard folder (default: `data` beside the checkpoint's `checkpoints` folder)"""
+    out: str = ""
+    """output checkpoint (default: the checkpoint's name with an `_estimator` suffix)"""
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    """architecture of a new estimator (a student that has one keeps its own)"""
+    steps: int = 4000
+    """gradient steps"""
+    seed: int = 0
+    """seed of the window sampling and of a new estimator's initialization"""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)"""
+
+
+def main(cfg: FitEstimatorConfig) -> dict:
+    if not cfg.checkpoint:
+        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
+    if cfg.estimator.kind == "none":
+        raise ConfigError("--estimator.kind none: nothing to fit")
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    ckpt = Path(cfg.checkpoint)
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else ckpt.resolve().parent.parent / "data"
+    if not (data_dir / "manifest.json").is_file():
+        raise ConfigError(f"--data-dir {data_dir}: no manifest.json (the run's recorded episodes)")
+    out = Path(cfg.out) if cfg.out else ckpt.with_name(f"{ckpt.stem}_estimator{ckpt.suffix}")
+    console = Console()
+    student = load_student(ckpt)
+    model = student.model
+    if model.history is None:
+        raise ConfigError(f"{ckpt}: a student without a history encoder has no motion estimates to read")
+    torch.manual_seed(cfg.seed)
+    if model.estimator is None:
+        model.cfg = replace(model.cfg, estimator=cfg.estimator)
+        model.estimator = FactorEstimator(
+            cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes
+        )
+    t0 = time.time()
+    data = episode_inputs(model, data_dir)
+    t1 = time.time()
+    stats = fit_estimator(model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed)
+    t2 = time.time()
+    saved = load_checkpoint(ckpt, kind=STUDENT_KIND)
+    saved["model"] = model.state_dict()
+    saved["student_yaml"] = to_yaml(model.cfg)
+    saved["estimator_fit"] = json.dumps({**stats, "steps": cfg.steps, "data_dir": str(data_dir)})
+    save_atomic(saved, out)
+    stats.update({"inputs_s": t1 - t0, "fit_s": t2 - t1, "rows": float(len(data.episode))})
+    console.print(
+        f"{int(stats['episodes'])} episodes, {len(data.episode):,} rows: inputs {t1 - t0:.0f} s, fit {t2 - t1:.0f} s"
+    )
+    for part in ("train", "heldout"):
+        row = ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in stats.items() if k.startswith(part + "/"))
+        console.print(f"{part}: {row}")
+    console.print(f"student with the fitted estimator: [bold]{out.resolve()}[/]")
+    return stats
+
+
+PRESETS = {"default": ("fit the factor estimator on the run's recorded episodes", FitEstimatorConfig())}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)

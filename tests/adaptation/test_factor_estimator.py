@@ -1,0 +1,134 @@
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from adaptation.estimator_fit import EpisodeInputs, fit_estimator, score
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from adaptation.history_encoder import ESTIMATES
+from adaptation.losses import TARGET_COLUMNS
+from datasets.checkpoints import save_atomic
+from envs.config_io import to_yaml
+from envs.racing.car import discrete_grid
+from envs.racing.config import EnvConfig
+from student.loaded import STUDENT_KIND, load_student
+from student.model import OutputSpec, StudentConfig, StudentModel
+
+SPEC = OutputSpec(kind="discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
+
+
+def window_batch(t=50, b=2):
+    torch.manual_seed(0)
+    cam = torch.randint(0, 256, (b, t, 1, 120, 160), dtype=torch.uint8).float() / 255.0
+    return cam, torch.rand(b, t, 2) * 2 - 1, torch.ones(b, t, dtype=torch.bool)
+
+
+def grads(module):
+    return [p.grad for p in module.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+
+
+def test_estimator_losses_train_only_the_estimator_and_the_encoder_keeps_its_motion_estimates():
+    model = StudentModel(StudentConfig(), SPEC)
+    assert model.cfg.context == 28 + 14, "the history's context plus the estimator's"
+    cam, prev, mask = window_batch()
+    _, heads = model.forward_window(cam, prev, mask)
+    F.cross_entropy(heads["action_latency_logits"].flatten(0, 1), torch.zeros(100, dtype=torch.long)).backward()
+    assert grads(model.estimator) and not grads(model.history) and not grads(model.encoder)
+    model.zero_grad(set_to_none=True)
+    _, heads = model.forward_window(cam, prev, mask)
+    speed, friction = ESTIMATES.index("speed"), ESTIMATES.index("friction")
+    heads["estimates"][..., speed].sum().backward()
+    assert grads(model.history) and not grads(model.estimator)
+    model.zero_grad(set_to_none=True)
+    _, heads = model.forward_window(cam, prev, mask)
+    heads["estimates"][..., friction].sum().backward()
+    assert grads(model.estimator) and not grads(model.history), "friction comes from the estimator"
+
+
+def test_estimator_learns_a_delay_it_can_see():
+    """Latency classes 0-3: the 'yaw rate estimate' follows the steering command after that many steps (plus noise).
+    A constant guess scores 25%; the estimator must read the delay from held-out sequences."""
+    torch.manual_seed(0)
+    est = FactorEstimator(EstimatorConfig(), act_latency_classes=4, cam_latency_classes=2)
+    opt = torch.optim.Adam(est.parameters(), lr=3e-3)
+
+    def batch(n, t=30):
+        steer = torch.repeat_interleave(torch.randn(n, t // 3).clamp(-1, 1), 3, dim=1)  # piecewise constant
+        delay = torch.randint(0, 4, (n,))
+        idx = (torch.arange(t)[None] - delay[:, None]).clamp(min=0)
+        yaw = steer.gather(1, idx) + 0.1 * torch.randn(n, t)
+        estimates = torch.zeros(n, t, len(ESTIMATES))
+        estimates[..., ESTIMATES.index("yaw_rate")] = yaw
+        prev = torch.stack([steer, torch.zeros_like(steer)], -1)
+        return FactorEstimator.inputs(prev, estimates), delay
+
+    mask = torch.ones(64, 30, dtype=torch.bool)
+    for _ in range(300):
+        x, delay = batch(64)
+        logits = est(x, mask)["action_latency_logits"][:, -1]
+        loss = F.cross_entropy(logits, delay)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    x, delay = batch(512)
+    with torch.no_grad():
+        acc = est(x, torch.ones(512, 30, dtype=torch.bool))["action_latency_logits"][:, -1].argmax(-1) == delay
+    assert acc.float().mean() > 0.8
+
+
+def save_student(path, model, student_yaml):
+    space = discrete_grid((-30.0, -15.0, 0.0, 15.0, 30.0), (1.0, 2.0))
+    return save_atomic({
+        "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": student_yaml,
+        "env_yaml": to_yaml(EnvConfig(num_envs=1, camera="projective")), "output_spec": dict(SPEC.__dict__),
+        "action_space": json.dumps(space.to_metadata()),
+    }, path)  # fmt: skip
+
+
+def test_a_student_saved_before_the_estimator_loads_without_it(tmp_path):
+    cfg = StudentConfig()
+    older = yaml.safe_load(to_yaml(cfg))
+    del older["estimator"]  # an older version's config has no estimator section, its weights no estimator
+    old = StudentModel(StudentConfig(estimator=EstimatorConfig(kind="none")), SPEC)
+    loaded = load_student(save_student(tmp_path / "old.pt", old, yaml.safe_dump(older)))
+    assert loaded.model.estimator is None and loaded.model.cfg.context == 28
+    assert load_student(save_student(tmp_path / "new.pt", StudentModel(cfg, SPEC), to_yaml(cfg))).model.estimator
+
+
+def test_estimator_config_is_checked():
+    with pytest.raises(ValueError, match="dilations"):
+        EstimatorConfig(dilations=())
+    assert EstimatorConfig().receptive_field == 15 and EstimatorConfig(kind="none").receptive_field == 1
+
+
+def synthetic_episodes(n_episodes=240, length=40, seed=0):
+    """Recorded episodes whose 'yaw rate estimate' follows the steering command after the episode's action latency
+    (0-3 substeps of 1/60 s here one step each), as `episode_inputs` returns them."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for e in range(n_episodes):
+        steer = torch.repeat_interleave(torch.rand(length // 4, generator=g) * 2 - 1, 4)
+        delay = int(torch.randint(0, 4, (1,), generator=g))
+        yaw = torch.cat([torch.zeros(delay), steer[: length - delay]]) + 0.05 * torch.randn(length, generator=g)
+        x = torch.zeros(length, 5)
+        x[:, 0], x[:, 4] = steer, yaw  # previous steering, yaw rate estimate
+        targets = torch.zeros(length, len(TARGET_COLUMNS))
+        targets[:, 0] = delay / 60.0
+        targets[:, TARGET_COLUMNS.index("friction")] = 1.0
+        targets[:, TARGET_COLUMNS.index("motor_gain")] = 1.0
+        rows.append((x, targets, torch.full((length,), e), torch.arange(length)))
+    return EpisodeInputs(*(torch.cat([r[i] for r in rows]) for i in range(4)))
+
+
+def test_fit_estimator_learns_the_latency_on_held_out_episodes_and_trains_nothing_else():
+    torch.manual_seed(0)
+    data = synthetic_episodes()
+    est = FactorEstimator(EstimatorConfig(), act_latency_classes=4, cam_latency_classes=2)
+    before = score(est, data, torch.arange(len(data.episode)), 1 / 60)
+    stats = fit_estimator(est, data, 1 / 60, steps=1000, batch=32, window=24, learning_rate=3e-3)
+    assert before["action_latency_r2"] < 0.2
+    assert stats["heldout/action_latency_r2"] > 0.8 and stats["train/action_latency_r2"] > 0.8
+    assert stats["episodes"] == 240.0
+    assert set(stats) >= {"heldout/loop_latency_r2", "heldout/friction_r2", "train/motor_gain_r2"}
