@@ -139,7 +139,7 @@ def fit_estimator(
     steps: int = 4000,
     batch: int = 32,
     window: int = 64,
-    learning_rate: float = 1e-3,
+    learning_rate: float = 3e-3,
     holdout_every: int = 10,
     seed: int = 0,
 ) -> dict[str, float]:

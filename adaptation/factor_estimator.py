@@ -22,11 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from adaptation.history_encoder import ESTIMATES, causal_blocks, tcn_step, tcn_window
+from adaptation.losses import FACTOR_ESTIMATES
 from envs.errors import check_range
 
 MOTION = ("speed", "lateral_speed", "yaw_rate")
 """the history encoder's estimates this estimator reads (normalized, as the encoder outputs them)"""
-FACTORS = ("friction", "motor_gain")
+FACTORS = FACTOR_ESTIMATES
 """the regressed factors this estimator provides (in place of the history encoder's own heads for them)"""
 INPUT_DIM = 2 + len(MOTION)
 
@@ -41,8 +42,8 @@ class EstimatorConfig:
     """feature width"""
     kernel: int = 3
     """TCN kernel size"""
-    dilations: tuple[int, ...] = (1, 2, 4)
-    """TCN dilations; receptive field = 1 + (kernel - 1) * sum(dilations) steps (default 15 steps: 1 s at 15 Hz)"""
+    dilations: tuple[int, ...] = (1, 2, 4, 8)
+    """TCN dilations; receptive field = 1 + (kernel - 1) * sum(dilations) steps (default 31 steps: 2 s at 15 Hz)"""
 
     def __post_init__(self) -> None:
         check_range("estimator.channels", self.channels, 4, 1024)

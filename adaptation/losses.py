@@ -40,19 +40,35 @@ def denormalize_estimates(estimates: Tensor) -> dict[str, Tensor]:
     }
 
 
+FACTOR_ESTIMATES = ("friction", "motor_gain")
+"""the per-episode factors among `ESTIMATES` (the body velocities are per frame)"""
+
+
 def adaptation_losses(
-    heads: dict[str, Tensor], z: Tensor, targets: Tensor, mask: Tensor, dt_physics: float
+    heads: dict[str, Tensor],
+    z: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    dt_physics: float,
+    factor_mask: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Masked mean losses over `(B, T)` positions: z-hat MSE, latency cross-entropies, estimate MSE."""
+    """Masked mean losses over `(B, T)` positions: z-hat MSE, latency cross-entropies, estimate MSE.
+
+    `factor_mask` (default `mask`) selects the positions for the latencies, friction and motor gain: a factor
+    estimator reads further back than the history encoder, so fewer positions of a window hold its full context."""
     w = mask.float()
-    denom = w.sum().clamp(min=1.0)
+    fw = w if factor_mask is None else factor_mask.float()
+    denom, fdenom = w.sum().clamp(min=1.0), fw.sum().clamp(min=1.0)
     z_loss = ((heads["z_hat"] - z).square().mean(-1) * w).sum() / denom
     act_cls = latency_class(targets[..., 0], dt_physics, heads["action_latency_logits"].shape[-1])
     cam_cls = latency_class(targets[..., 1], dt_physics, heads["camera_latency_logits"].shape[-1])
     ce = lambda logits, cls: F.cross_entropy(logits.flatten(0, 1), cls.flatten(), reduction="none")  # noqa: E731
-    act_loss = (ce(heads["action_latency_logits"], act_cls) * w.flatten()).sum() / denom
-    cam_loss = (ce(heads["camera_latency_logits"], cam_cls) * w.flatten()).sum() / denom
-    est_loss = ((heads["estimates"] - normalized_targets(targets)).square().mean(-1) * w).sum() / denom
+    act_loss = (ce(heads["action_latency_logits"], act_cls) * fw.flatten()).sum() / fdenom
+    cam_loss = (ce(heads["camera_latency_logits"], cam_cls) * fw.flatten()).sum() / fdenom
+    sq = (heads["estimates"] - normalized_targets(targets)).square()
+    factor_col = torch.tensor([name in FACTOR_ESTIMATES for name in ESTIMATES])
+    col_w = torch.where(factor_col, fw.unsqueeze(-1), w.unsqueeze(-1))
+    est_loss = (sq * col_w).sum() / col_w.sum().clamp(min=1.0)
     return {"z": z_loss, "action_latency": act_loss, "camera_latency": cam_loss, "estimates": est_loss}
 
 

@@ -53,6 +53,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "gating": {"dagger.gating": True},
         "no-history": {"student.history.kind": "none"},
         "gru-history": {"student.history.kind": "gru"},
+        "no-factor-estimator": {"student.estimator.kind": "none"},
         "motion-encoder": {"student.encoder.motion": True},
         "no-augment": {"augment": AugmentConfig.off()},
         "color-only": {"augment": AugmentConfig.only("color")},

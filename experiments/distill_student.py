@@ -122,6 +122,12 @@ def main(cfg: DistillConfig) -> dict:
             f"{m['lap_time_ratio']:.2f}", f"{int(m['offtrack_count'])}",
         )  # fmt: skip
     console.print(table)
+    if distiller.estimator_fit:
+        fit = {k: distiller.estimator_fit.get(f"heldout/{k}_r2", float("nan")) for k in FIT_SCORES}
+        console.print(
+            "factor estimator on held-out recorded episodes: "
+            + ", ".join(f"{k.replace('_', ' ')} R² {v:.2f}" for k, v in fit.items())
+        )
     summary = {
         "student": s_metrics,
         "teacher": t_metrics,
@@ -131,6 +137,7 @@ def main(cfg: DistillConfig) -> dict:
         "samples": distiller.samples,
         "dagger_minutes": distiller.wall_minutes,
         "history": distiller.history,
+        "estimator_fit": distiller.estimator_fit,
     }
     write_text_atomic(run_dir / "eval.json", json.dumps(summary, indent=2))
     plot = plot_trajectories(
@@ -150,6 +157,8 @@ def main(cfg: DistillConfig) -> dict:
     console.print(f"run directory: [bold]{run_dir.resolve()}[/] (checkpoints/, data/, eval.json, plots)")
     return summary
 
+
+FIT_SCORES = ("action_latency", "loop_latency", "friction", "motor_gain")
 
 PRESETS = {
     "default": ("14 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),

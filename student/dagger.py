@@ -155,8 +155,11 @@ def train_step(
     total = loss_action
     terms = {"action": loss_action}
     if heads:
+        # The factor estimator's outputs train where its longer context lies in the window (they are fitted on
+        # whole episodes after the last round).
+        fmask = loss_mask(mask, model.cfg.estimates_context) if model.estimator is not None else None
         ad = adaptation_losses(
-            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics
+            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, fmask
         )
         total = (
             total

@@ -102,6 +102,7 @@ class Distiller:
         self.round, self.episodes, self.samples = 0, 0, 0
         self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
         self.history: list[dict[str, float]] = []
+        self.estimator_fit: dict[str, float] = {}  # the factor estimator's fit after the last round (scores)
         self.aug_generator = torch.Generator().manual_seed(dagger_cfg.seed + 1)
         self.mix_generator = torch.Generator().manual_seed(dagger_cfg.seed + 2)
         self.np_rng = np.random.default_rng(dagger_cfg.seed + 3)
@@ -201,10 +202,10 @@ class Distiller:
         if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
             return {}
         data = episode_inputs(self.model, self.data_dir)
-        stats = fit_estimator(
+        self.estimator_fit = fit_estimator(
             self.model.estimator, data, self.env_cfg.dt_physics, steps=self.cfg.estimator_fit_steps, seed=self.cfg.seed
         )
-        return {f"estimator_fit/{k}": v for k, v in stats.items()}
+        return {f"estimator_fit/{k}": v for k, v in self.estimator_fit.items()}
 
     # --------------------------------------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
@@ -278,6 +279,7 @@ class Distiller:
             "action_space": json.dumps(self.env.action_space.to_metadata()),
             "manifest": json.dumps(read_manifest(self.data_dir)),
             "history": json.dumps(self.history),
+            "estimator_fit": json.dumps(self.estimator_fit),
             "teacher_path": self.teacher_path,
             "git_sha": git_sha(),
         }
@@ -303,6 +305,7 @@ class Distiller:
         self.round, self.episodes, self.samples = int(data["round"]), int(data["episodes"]), int(data["samples"])
         self.wall_minutes = float(data.get("wall_minutes", 0.0))  # checkpoints from before it was recorded: 0
         self.history = json.loads(data["history"])
+        self.estimator_fit = json.loads(data.get("estimator_fit", "{}"))
         # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
         manifest = json.loads(data["manifest"])
         write_manifest(self.data_dir, manifest)

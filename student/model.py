@@ -46,12 +46,16 @@ class StudentConfig:
         return self.history.kind != "none" and self.estimator.kind != "none"
 
     @property
+    def estimates_context(self) -> int:
+        """Steps before a position that its latency, friction and motor-gain estimates depend on."""
+        return self.context + (self.estimator.receptive_field - 1 if self.has_estimator else 0)
+
+    @property
     def context(self) -> int:
         """Steps before a training position that its output depends on (its loss needs them in the window); a motion
-        encoder reads one frame further back, a factor estimator its receptive field further."""
+        encoder reads one frame further back. The factor estimator's outputs read further back still
+        (`estimates_context`); training windows are sized for the policy."""
         extra = 1 if self.encoder.motion else 0
-        if self.has_estimator:
-            extra += self.estimator.receptive_field - 1
         if self.history.kind == "tcn":
             return self.history.receptive_field - 1 + extra
         if self.history.kind == "gru":

@@ -31,10 +31,10 @@ def grads(module):
 
 def test_estimator_losses_train_only_the_estimator_and_the_encoder_keeps_its_motion_estimates():
     model = StudentModel(StudentConfig(), SPEC)
-    assert model.cfg.context == 28 + 14, "the history's context plus the estimator's"
-    cam, prev, mask = window_batch()
+    assert model.cfg.context == 28 and model.cfg.estimates_context == 28 + 30, "the estimator reads 30 steps more"
+    cam, prev, mask = window_batch(t=70)
     _, heads = model.forward_window(cam, prev, mask)
-    F.cross_entropy(heads["action_latency_logits"].flatten(0, 1), torch.zeros(100, dtype=torch.long)).backward()
+    F.cross_entropy(heads["action_latency_logits"].flatten(0, 1), torch.zeros(140, dtype=torch.long)).backward()
     assert grads(model.estimator) and not grads(model.history) and not grads(model.encoder)
     model.zero_grad(set_to_none=True)
     _, heads = model.forward_window(cam, prev, mask)
@@ -100,7 +100,7 @@ def test_a_student_saved_before_the_estimator_loads_without_it(tmp_path):
 def test_estimator_config_is_checked():
     with pytest.raises(ValueError, match="dilations"):
         EstimatorConfig(dilations=())
-    assert EstimatorConfig().receptive_field == 15 and EstimatorConfig(kind="none").receptive_field == 1
+    assert EstimatorConfig().receptive_field == 31 and EstimatorConfig(kind="none").receptive_field == 1
 
 
 def synthetic_episodes(n_episodes=240, length=40, seed=0):

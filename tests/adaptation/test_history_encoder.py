@@ -80,6 +80,11 @@ def test_losses_and_metrics_by_hand():
     assert losses["z"].item() == pytest.approx(1.0)
     assert losses["estimates"].item() == pytest.approx(1.0)
     assert losses["action_latency"].item() < 1e-3 and losses["camera_latency"].item() < 1e-3
+    # A factor estimator's own mask: latencies, friction and motor gain at step 1 only (the far-off step), the body
+    # velocities at step 0: estimates (1 + 1 + 1 motion at step 0, (9 - 1)^2 + (9 + 1)^2 factors at step 1) / 5.
+    split = adaptation_losses(heads, z, targets, mask, 1 / 60, factor_mask=torch.tensor([[False, True]]))
+    assert split["estimates"].item() == pytest.approx((3 + 64 + 100) / 5)
+    assert split["action_latency"].item() > 5 and split["z"].item() == pytest.approx(1.0)
     heads = {k: v[:, :1].expand(-1, 2, *v.shape[2:]) for k, v in heads.items()}  # both steps as the first
     m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4)
     assert m["action_latency_acc"] == 1.0 and m["loop_latency_within_frame"] == 1.0

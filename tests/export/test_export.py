@@ -79,8 +79,8 @@ def test_closed_loop_parity_including_recurrent_state(exported):
 
 def test_motion_student_exports_with_its_previous_frame_in_the_state(tmp_path):
     out, model, result = export_student(tmp_path, StudentConfig(encoder=EncoderConfig(motion=True)), parity_steps=60)
-    # TCN buffer (28 steps x 32), factor estimator inputs (14 steps x 5), previous frame, seen flag
-    assert list(model.init_state(1).shape) == [1, 28 * 32 + 14 * 5 + 120 * 160 + 1]
+    # TCN buffer (28 steps x 32), factor estimator inputs (30 steps x 5), previous frame, seen flag
+    assert list(model.init_state(1).shape) == [1, 28 * 32 + 30 * 5 + 120 * 160 + 1]
     for backend, parity in result["parity"].items():
         assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
 

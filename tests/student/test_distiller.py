@@ -123,6 +123,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s" / "eval.json").read_text())
     assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
+    assert "heldout/loop_latency_r2" in summary["estimator_fit"] and "factor estimator on held-out" in proc.stdout
     # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect), in a subprocess.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],

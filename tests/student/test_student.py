@@ -27,7 +27,7 @@ def test_student_window_and_step_agree(kind, motion):
     torch.manual_seed(0)
     cfg = StudentConfig(encoder=EncoderConfig(motion=motion), history=StudentConfig().history.__class__(kind=kind))
     model = StudentModel(cfg, SPEC).eval()
-    t = cfg.context + 3
+    t = cfg.estimates_context + 3
     cam = torch.randint(0, 256, (2, t, 1, 120, 160), dtype=torch.uint8)
     prev = torch.rand(2, t, 2)
     mask = torch.ones(2, t, dtype=torch.bool)
@@ -46,9 +46,10 @@ def test_student_window_and_step_agree(kind, motion):
     assert out_w.shape == (2, t, 10)
     assert torch.allclose(out_w[0, cfg.context :], stepped[0, cfg.context :], atol=1e-4)
     assert torch.allclose(out_w[1, 2:], stepped[1, 2:], atol=1e-4), "from an episode start the window is exact"
+    c = cfg.estimates_context  # the factor estimator reads further back than the policy
     for key in heads_w:  # z-hat, the factor estimator's latency logits and estimates, the motion estimates
         step_head = torch.stack([hd[key] for hd in heads], 1)
-        assert torch.allclose(heads_w[key][0, cfg.context :], step_head[0, cfg.context :], atol=1e-4), key
+        assert torch.allclose(heads_w[key][0, c:], step_head[0, c:], atol=1e-4), key
         assert torch.allclose(heads_w[key][1, 2:], step_head[1, 2:], atol=1e-4), key
     assert (kind == "none") == (heads_w == {})
     assert cfg.context == StudentConfig(history=cfg.history).context + motion, "motion reads one frame further back"
