@@ -107,14 +107,17 @@ def _losses(heads: dict[str, Tensor], targets: Tensor, weights: Tensor, dt_physi
     return (ce(heads["action_latency_logits"], 0) + ce(heads["camera_latency_logits"], 1) + mse) / denom
 
 
+SCORES = ("action_latency_r2", "loop_latency_r2", *(f"{name}_r2" for name in FACTORS))
+
+
 @torch.no_grad()
 def score(estimator: FactorEstimator, data: EpisodeInputs, rows: Tensor, dt_physics: float) -> dict[str, float]:
     """R^2 of the expected action and loop latency (in substeps) and of friction and motor gain, on `rows`, each
     output taken once its episode has run the estimator's receptive field."""
     ctx = estimator.cfg.receptive_field
     ends = rows[data.step[rows] >= ctx - 1]
-    if len(ends) == 0:
-        return {}
+    if len(ends) == 0:  # no episode that long
+        return {k: float("nan") for k in SCORES}
     preds = []
     for chunk in torch.split(ends, 8192):
         x, _, mask = _windows(data, chunk, ctx)
