@@ -64,6 +64,20 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
     return out
 
 
+def seconds_to_follow(trace: np.ndarray, shift_step: int, after: float, hz: float, share: float = 0.8) -> float | None:
+    """Seconds after `shift_step` until the estimate's trailing 1-s mean has covered `share` of the way from its mean
+    over the second before the shift to the new value `after` (None: never). The trailing mean keeps a noisy trace
+    that crosses the line once from counting as followed."""
+    base = float(trace[max(0, shift_step - int(round(hz))) : shift_step].mean())
+    goal = base + share * (after - base)
+    window = max(1, int(round(hz)))
+    smooth = np.convolve(trace, np.ones(window) / window)[: len(trace)]
+    for t in range(shift_step, len(trace)):
+        if (after < base and smooth[t] <= goal + 1e-9) or (after >= base and smooth[t] >= goal - 1e-9):
+            return (t - shift_step) / hz
+    return None
+
+
 @torch.no_grad()
 def shift_test(
     model: StudentModel,
@@ -78,8 +92,8 @@ def shift_test(
 
     `factor` is friction (estimate: friction) or action_latency (value in seconds; estimate: the expected latency
     under the predicted class distribution).
-    Returns the mean estimate per step, the time after the shift until the mean estimate has covered 80% of the
-    shift (or None), and off-track events before and after.
+    Returns the mean estimate per step, the time after the shift until it has covered 80% of the shift
+    (`seconds_to_follow`, or None), and off-track events before and after.
     """
     term = replace(env_cfg.termination, episode_seconds=seconds + 1.0, laps=0)
     rnd = replace(env_cfg.randomization, random_start=False)
@@ -115,12 +129,7 @@ def shift_test(
         policy.reset(dones)
     trace_np = np.asarray(trace)
     base = float(trace_np[shift_step - 15 : shift_step].mean())
-    goal = base + 0.8 * (after - base)
-    follow = None
-    for t in range(shift_step, steps):
-        if (after < base and trace_np[t] <= goal) or (after >= base and trace_np[t] >= goal):
-            follow = (t - shift_step) / env.cfg.control_hz
-            break
+    follow = seconds_to_follow(trace_np, shift_step, after, env.cfg.control_hz)
     return {
         "factor": factor, "before": before, "after": after, "estimate_before_shift": base,
         "estimate_end": float(trace_np[-15:].mean()), "seconds_to_follow_80pct": follow,

@@ -1,6 +1,7 @@
 """Fit (or refit) a student's factor estimator on its run's recorded episodes, and save the student with it.
 
     python -m experiments.fit_estimator default --checkpoint runs/student/checkpoints/round_014.pt
+    python -m experiments.fit_estimator default --checkpoint … --new --estimator.dilations 1 2 4 8 16  # another one
 
 The policy, image encoder and history encoder are unchanged (the estimator reads their output and feeds nothing
 back), so the student drives exactly as before; only its latency, friction and motor-gain estimates change. A
@@ -39,7 +40,9 @@ class FitEstimatorConfig:
     out: str = ""
     """output checkpoint (default: the checkpoint's name with an `_estimator` suffix)"""
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
-    """architecture of a new estimator (a student that has one keeps its own)"""
+    """architecture of a new estimator (a student that has one keeps its own unless `--new`)"""
+    new: bool = False
+    """start from a new estimator of `--estimator` even when the student has one"""
     steps: int = 4000
     """gradient steps"""
     seed: int = 0
@@ -66,7 +69,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     if model.history is None:
         raise ConfigError(f"{ckpt}: a student without a history encoder has no motion estimates to read")
     torch.manual_seed(cfg.seed)
-    if model.estimator is None:
+    if model.estimator is None or cfg.new:
         model.cfg = replace(model.cfg, estimator=cfg.estimator)
         model.estimator = FactorEstimator(
             cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes

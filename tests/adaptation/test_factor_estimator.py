@@ -1,11 +1,13 @@
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 
 from adaptation.estimator_fit import EpisodeInputs, fit_estimator, score
+from adaptation.evaluation import seconds_to_follow
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
 from adaptation.losses import TARGET_COLUMNS
@@ -132,3 +134,15 @@ def test_fit_estimator_learns_the_latency_on_held_out_episodes_and_trains_nothin
     assert stats["heldout/action_latency_r2"] > 0.8 and stats["train/action_latency_r2"] > 0.8
     assert stats["episodes"] == 240.0
     assert set(stats) >= {"heldout/loop_latency_r2", "heldout/friction_r2", "train/motor_gain_r2"}
+
+
+def test_a_shift_is_followed_once_the_trailing_second_has_moved_not_on_one_noisy_step():
+    step_up = np.r_[np.zeros(30), np.ones(30)]
+    # the trailing 15-step mean reaches 0.8 when 12 of its steps are after the shift: step 30 + 11
+    assert seconds_to_follow(step_up, 30, 1.0, 15.0) == pytest.approx(11 / 15)
+    assert seconds_to_follow(1.0 - step_up, 30, 0.0, 15.0) == pytest.approx(11 / 15)
+    spike = np.zeros(60)
+    spike[35] = 1.0
+    assert seconds_to_follow(spike, 30, 1.0, 15.0) is None
+    half = np.r_[np.zeros(30), np.full(30, 0.5)]
+    assert seconds_to_follow(half, 30, 1.0, 15.0) is None, "half way is not 80%"
