@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ from torch import Tensor
 
 from adaptation.factor_estimator import FACTORS, FactorEstimator
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
-from datasets.rollouts import read_manifest, validate_shard
+from datasets.rollouts import read_shards
 
 
 @dataclass
@@ -44,11 +43,8 @@ def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096) -> Epi
     model.eval()
     out: dict[str, list[Tensor]] = {"inputs": [], "targets": [], "episode": [], "step": []}
     try:
-        for shard in read_manifest(data_dir)["shards"]:
-            path = Path(data_dir) / shard["file"]
-            n = validate_shard(path)
-            with h5py.File(path, "r") as f:
-                cols = {k: f[k][:n] for k in ("camera", "prev_action", "targets", "episode", "step")}
+        for cols in read_shards(data_dir, ("camera", "prev_action", "targets", "episode", "step")):
+            n = len(cols["episode"])
             if n == 0:
                 continue
             starts = np.flatnonzero(np.r_[True, cols["episode"][1:] != cols["episode"][:-1]])

@@ -14,13 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 from torch import Tensor
 
 from adaptation.losses import TARGET_COLUMNS, r2_score
-from datasets.rollouts import read_manifest, validate_shard
+from datasets.rollouts import read_shards
 from envs.racing.env import RacingEnv
 from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
 
@@ -185,12 +184,9 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     if factor not in FACTORS:
         raise ValueError(f"factor={factor!r}; use one of {FACTORS}")
     cols: dict[str, list[np.ndarray]] = {"prev_action": [], "targets": [], "episode": [], "step": []}
-    for shard in read_manifest(data_dir)["shards"]:
-        path = Path(data_dir) / shard["file"]
-        n = validate_shard(path)
-        with h5py.File(path, "r") as f:
-            for k in cols:
-                cols[k].append(f[k][:n])
+    for shard in read_shards(data_dir, tuple(cols)):
+        for k in cols:
+            cols[k].append(shard[k])
     if not cols["episode"]:
         raise ValueError(f"{data_dir}: no finished shards in the manifest")
     prev, targets, episode, step = (np.concatenate(cols[k]) for k in ("prev_action", "targets", "episode", "step"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,16 @@ def validate_shard(path: str | Path, schema: dict[str, Field] | None = None) -> 
             return n_valid
     except OSError as err:
         raise ShardError(f"{path}: unreadable HDF5 shard ({err})") from None
+
+
+def read_shards(root: str | Path, fields: tuple[str, ...]) -> Iterator[dict[str, np.ndarray]]:
+    """The valid rows of `fields` of every finished shard in the manifest, one shard at a time (each checked by
+    `validate_shard` first: a corrupt one raises ShardError naming it)."""
+    for entry in read_manifest(root)["shards"]:
+        path = Path(root) / entry["file"]
+        n = validate_shard(path)
+        with h5py.File(path, "r") as f:
+            yield {k: f[k][:n] for k in fields}
 
 
 class _BlockCache:
