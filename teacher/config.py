@@ -28,6 +28,12 @@ class TeacherPolicyConfig:
     """size of z = mu(e), tanh-bounded"""
     encoder_hidden: tuple[int, ...] = (64,)
     """factor-encoder hidden widths"""
+    hidden_factors: tuple[str, ...] = ()
+    """env factors the actor does not see (held at mid-range; still randomized, and the critic still sees them). A
+    teacher that acts on a factor its student cannot recover from the camera and its own actions asks the impossible
+    of the student: on friction the student imitates the average teacher and leaves the track in low-grip worlds.
+    Hiding such factors trains a teacher that is robust to them instead (the `transfer` preset hides friction, mass
+    and motor gain)"""
     obs_normalization: bool = True
     """running mean/std normalization of the observations"""
     init_std: float = 0.6
@@ -38,6 +44,11 @@ class TeacherPolicyConfig:
         check_range("policy.dropout_layers", self.dropout_layers, 0, len(self.hidden_dims))
         check_range("policy.latent_dim", self.latent_dim, 1, 256)
         check_range("policy.init_std", self.init_std, 1e-3, 10.0)
+        from envs.racing.randomization import FACTOR_NAMES
+
+        unknown = [f for f in self.hidden_factors if f not in FACTOR_NAMES]
+        if unknown:
+            raise ConfigError(f"policy.hidden_factors: unknown factors {unknown}; known: {list(FACTOR_NAMES)}")
         if not self.hidden_dims or not self.critic_hidden_dims:
             raise ConfigError("policy.hidden_dims and policy.critic_hidden_dims need at least one layer")
 

@@ -16,6 +16,7 @@ from rsl_rl.runners import OnPolicyRunner
 from tensordict import TensorDict
 from torch import Tensor
 
+from envs.racing.randomization import FACTOR_NAMES
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.networks import FactorEncoder, mlp
 
@@ -39,6 +40,7 @@ class TeacherActorModel(MLPModel):
         encoder_hidden: tuple[int, ...] = (64,),
         dropout: float = 0.3,
         dropout_layers: int = 1,
+        hidden_factors: tuple[str, ...] | list[str] = (),
     ) -> None:
         groups = obs_groups[obs_set]
         if groups != ["teacher", "env_factors"]:
@@ -53,6 +55,13 @@ class TeacherActorModel(MLPModel):
         self.mlp = mlp(self._split[0] + latent_dim, out_dim, hidden_dims, activation, dropout, dropout_layers)
         if self.distribution is not None:
             self.distribution.init_mlp_weights(self.mlp)
+        # Factors the actor is blind to read as 0 (mid-range); not saved: the policy config rebuilds the mask.
+        visible = torch.tensor([name not in hidden_factors for name in FACTOR_NAMES[: self._split[1]]])
+        self.register_buffer("factor_visible", visible, persistent=False)
+
+    def visible_factors(self, factors: Tensor) -> Tensor:
+        """The env factors as the actor sees them: hidden ones held at 0."""
+        return factors * self.factor_visible.to(factors.dtype)
 
     def _get_latent_dim(self) -> int:
         return self._split[0] + self._latent
@@ -60,11 +69,11 @@ class TeacherActorModel(MLPModel):
     def split(self, obs: TensorDict) -> tuple[Tensor, Tensor]:
         x = self.obs_normalizer(torch.cat([obs["teacher"], obs["env_factors"]], dim=-1))
         state, _ = x.split(self._split, dim=-1)
-        return state, obs["env_factors"]  # factors are already normalized to [-1, 1] by the env
+        return state, self.visible_factors(obs["env_factors"])  # already normalized to [-1, 1] by the env
 
     def encode(self, obs: TensorDict) -> Tensor:
-        """z = mu(e) `(N, latent_dim)`."""
-        return self.factor_encoder(obs["env_factors"])
+        """z = mu(e) `(N, latent_dim)` of the factors the actor sees."""
+        return self.factor_encoder(self.visible_factors(obs["env_factors"]))
 
     def get_latent(self, obs: TensorDict, masks: Tensor | None = None, hidden_state=None) -> Tensor:
         state, factors = self.split(obs)
@@ -95,6 +104,7 @@ def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num
             "encoder_hidden": list(policy.encoder_hidden),
             "dropout": policy.dropout,
             "dropout_layers": policy.dropout_layers,
+            "hidden_factors": list(policy.hidden_factors),
         },
         "critic": {
             "class_name": "MLPModel",

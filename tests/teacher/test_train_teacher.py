@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from datasets.checkpoints import CheckpointError, save_atomic
+from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluate
@@ -152,3 +153,37 @@ def test_train_teacher_smoke_subprocess(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "checkpoint not found" in proc.stderr
+
+
+def test_hidden_factors_do_not_reach_the_actor(tmp_path):
+    """A teacher blind to friction and motor gain acts and encodes z the same whatever their values, after a save
+    and load; a factor it sees still changes its output; the critic still reads every factor."""
+    policy = replace(POLICY, hidden_factors=("friction", "motor_gain"))
+    t = TeacherTrainer(
+        ENV, policy, PPO, TrainerConfig(iterations=2, eval_every=2, save_every=2, seed=5), EVAL, tmp_path
+    )
+    t.train(show_progress=False)
+    teacher = load_teacher(tmp_path / "checkpoints" / "iter_000002.pt")
+    obs = RacingEnv(replace(ENV, num_envs=4)).get_observations()
+    names = teacher.layout.factor_names
+
+    def with_factor(name: str, value: float):
+        changed = obs.clone()
+        changed["env_factors"][:, names.index(name)] = value
+        return changed
+
+    for name in ("friction", "motor_gain"):
+        for value in (-1.0, 1.0):
+            assert torch.equal(teacher.logits(with_factor(name, value)), teacher.logits(obs))
+            assert torch.equal(teacher.z(with_factor(name, value)), teacher.z(obs))
+    assert not torch.equal(
+        teacher.z(with_factor("action_latency", 1.0)), teacher.z(with_factor("action_latency", -1.0))
+    )
+    critic = t.alg.critic
+    with torch.no_grad():
+        assert not torch.equal(critic(with_factor("friction", 1.0)), critic(with_factor("friction", -1.0)))
+
+
+def test_unknown_hidden_factor_is_refused():
+    with pytest.raises(ConfigError, match="hidden_factors.*grip"):
+        TeacherPolicyConfig(hidden_factors=("grip",))
