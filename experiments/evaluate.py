@@ -25,7 +25,7 @@ from rich.table import Table
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
-from envs.racing.evaluation import EvalConfig
+from envs.racing.evaluation import EvalConfig, completion_by_factor
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
@@ -113,6 +113,7 @@ def main(cfg: EvaluateConfig) -> dict:
                     {k: getattr(r, k) for k in ("start", "direction", "success", "lap_time", "progress", "offtrack")}
                     for r in records
                 ],
+                "by_factor": completion_by_factor(records),
             }
             results["worlds"].setdefault(world, {})[track] = entry
             if world == next(iter(worlds)):
@@ -130,6 +131,10 @@ def main(cfg: EvaluateConfig) -> dict:
             )  # fmt: skip
             env.close()
     console.print(table)
+    for world, tracks in results["worlds"].items():
+        for track, entry in tracks.items():
+            if entry["by_factor"]:
+                console.print(factor_table(entry["by_factor"], f"{world}, {track}: lap completion by world factor"))
     if "sim" in worlds and "proxy" in worlds:
         for track in results["worlds"]["proxy"]:
             s_sim = results["worlds"]["sim"][track]["metrics"]["score"]
@@ -143,6 +148,18 @@ def main(cfg: EvaluateConfig) -> dict:
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
+
+
+def factor_table(by_factor: dict[str, list[dict[str, float]]], title: str) -> Table:
+    """One row per randomized factor: lap completion in its low / middle / high third (value ranges beside)."""
+    table = Table(title=title)
+    table.add_column("factor")
+    n_bins = max(len(rows) for rows in by_factor.values())
+    for i in range(n_bins):
+        table.add_column(("low", "middle", "high")[i] if n_bins == 3 else f"bin {i + 1}")
+    for name, rows in by_factor.items():
+        table.add_row(name, *(f"{r['lap_completion']:.0%} ({r['lo']:.3g}–{r['hi']:.3g})" for r in rows))
+    return table
 
 
 def evaluate_one(policy, env_cfg, eval_cfg: EvalConfig):

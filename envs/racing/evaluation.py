@@ -67,6 +67,7 @@ class EpisodeRecord:
     offtrack: bool
     duration: float
     path: np.ndarray = field(repr=False)
+    factors: dict[str, float] = field(default_factory=dict, repr=False)  # the episode's world (physical units)
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -124,6 +125,37 @@ def summarize(records: list[EpisodeRecord], optimal_lap_time: float) -> dict[str
     return out
 
 
+def episode_factors(env_factors: Tensor) -> list[dict[str, float]]:
+    """Each env's randomized world in physical units (friction, gains, latencies in seconds, ...) from the
+    normalized `env_factors` observation."""
+    from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
+
+    raw = torch.stack([denormalize_factor(k, env_factors[:, i]) for i, k in enumerate(FACTOR_NAMES)], -1)
+    return [dict(zip(FACTOR_NAMES, row)) for row in raw.cpu().double().tolist()]
+
+
+def completion_by_factor(records: list[EpisodeRecord], bins: int = 3) -> dict[str, list[dict[str, float]]]:
+    """Lap completion by equal-count bins of each randomized factor (factors that do not vary are left out): which
+    worlds a policy fails in. Per factor a list of {lo, hi, episodes, lap_completion, ci_low, ci_high}."""
+    out: dict[str, list[dict[str, float]]] = {}
+    if not records or not records[0].factors:
+        return out
+    success = np.array([r.success for r in records], dtype=float)
+    for name in records[0].factors:
+        x = np.array([r.factors[name] for r in records])
+        if np.ptp(x) < 1e-9:
+            continue
+        order = np.argsort(x, kind="stable")
+        rows = []
+        for part in np.array_split(order, min(bins, len(x))):
+            k, m = int(success[part].sum()), len(part)
+            lo, hi = wilson_interval(k, m)
+            rows.append({"lo": float(x[part].min()), "hi": float(x[part].max()), "episodes": float(m),
+                         "lap_completion": k / m, "ci_low": lo, "ci_high": hi})  # fmt: skip
+        out[name] = rows
+    return out
+
+
 def evaluation_env_config(env_cfg: EnvConfig, cfg: EvalConfig) -> EnvConfig:
     """The env config an evaluation runs: one env per episode, lap-count termination, its own seed."""
     term = replace(env_cfg.termination, episode_seconds=cfg.max_seconds, laps=cfg.laps)
@@ -157,6 +189,7 @@ def run_episodes(policy: Policy, env: RacingEnv, cfg: EvalConfig, reset: Callabl
     ids = torch.arange(n, device=env.device)
     direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs], device=env.device)
     obs = env.reset_to(ids, torch.tensor(starts, device=env.device), direction)
+    world = episode_factors(obs["env_factors"]) if "env_factors" in obs.keys() else [{} for _ in range(n)]
     if reset is not None:
         reset(torch.ones(n, dtype=torch.bool, device=env.device))
     finished = torch.zeros(n, dtype=torch.bool, device=env.device)
@@ -206,6 +239,7 @@ def run_episodes(policy: Policy, env: RacingEnv, cfg: EvalConfig, reset: Callabl
                 offtrack=bool(offtrack[i]),
                 duration=float(duration[i]),
                 path=path_arr[i, : max(1, int(steps_done[i]))],
+                factors=world[i],
             )
         )
     return records

@@ -8,7 +8,14 @@ from envs.errors import ConfigError
 from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
-from envs.racing.evaluation import EvalConfig, evaluate
+from envs.racing.evaluation import (
+    EpisodeRecord,
+    EvalConfig,
+    completion_by_factor,
+    evaluate,
+    evaluation_env_config,
+    run_episodes,
+)
 from envs.racing.observations import teacher_dim
 from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
@@ -139,6 +146,46 @@ def test_pure_pursuit_completes_laps_both_directions_under_randomization(track):
     assert metrics["forward/lap_completion"] == 1.0 and metrics["reverse/lap_completion"] == 1.0
     assert 1.0 < metrics["lap_time_ratio"] < 1.8
     assert all(r.path.shape[1] == 2 and len(r.path) > 10 for r in records)
+
+
+def test_episode_records_carry_their_world():
+    """Each record carries its episode's world in physical units, as the env drew it at the episode's start."""
+    cfg = EnvConfig(track="oval", compile=False)
+    plan = EvalConfig(start_points=2, laps=1, max_seconds=3.0)
+    env = RacingEnv(evaluation_env_config(cfg, plan))
+    driver = PurePursuitDriver(env.action_space, cfg.car, cfg.obs.lookahead_points, cfg.obs.lookahead_spacing)
+    drawn = {}
+
+    def act(obs):
+        if not drawn:  # first step: the worlds of this plan's episodes
+            drawn["friction"] = env.world.params.friction.tolist()
+            drawn["latency"] = (env.world.action_latency.float() * cfg.dt_physics).tolist()
+        return driver.act(obs)
+
+    records = run_episodes(act, env, plan)
+    assert sorted(records[0].factors) == sorted(FACTOR_NAMES)
+    assert [r.factors["friction"] for r in records] == pytest.approx(drawn["friction"], abs=1e-5)
+    assert [r.factors["action_latency"] for r in records] == pytest.approx(drawn["latency"], abs=1e-6)
+    assert len(set(drawn["friction"])) == len(records)  # randomized: every episode its own world
+
+
+def test_completion_by_factor_hand_example():
+    def rec(success, friction, gain):
+        return EpisodeRecord(0.0, "forward", success, 1.0, float("nan"), 1.0, not success, 1.0, None,
+                             {"friction": friction, "motor_gain": gain, "battery": 1.0})  # fmt: skip
+
+    # The two lowest-friction worlds fail; the battery never varies (left out).
+    records = [rec(False, 0.6, 1.0), rec(False, 0.7, 1.1), rec(True, 0.8, 0.9),
+               rec(True, 0.9, 1.0), rec(True, 1.0, 1.1), rec(True, 1.1, 0.9)]  # fmt: skip
+    out = completion_by_factor(records, bins=3)
+    assert set(out) == {"friction", "motor_gain"}
+    assert [r["lap_completion"] for r in out["friction"]] == [0.0, 1.0, 1.0]
+    assert [(r["lo"], r["hi"]) for r in out["friction"]] == [(0.6, 0.7), (0.8, 0.9), (1.0, 1.1)]
+    # motor gain 0.9 x2 (both succeed), 1.0 x2 (one fails), 1.1 x2 (one fails)
+    assert [r["lap_completion"] for r in out["motor_gain"]] == [1.0, 0.5, 0.5]
+    assert [r["episodes"] for r in out["motor_gain"]] == [2.0, 2.0, 2.0]
+    assert out["friction"][0]["ci_low"] == 0.0 and 0.0 < out["friction"][0]["ci_high"] < 1.0
+    assert completion_by_factor([]) == {}
 
 
 @pytest.mark.parametrize(

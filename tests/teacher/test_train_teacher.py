@@ -145,9 +145,12 @@ def test_train_teacher_smoke_subprocess(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (
-        "lap_completion" in json.loads((tmp_path / "ev" / "eval.json").read_text())["tracks"]["reinvent2018"]["metrics"]
-    )
+    entry = json.loads((tmp_path / "ev" / "eval.json").read_text())["tracks"]["reinvent2018"]
+    assert "lap_completion" in entry["metrics"]
+    # The randomized worlds' breakdown: every varying factor in thirds, printed as a table.
+    assert {"friction", "motor_gain", "action_latency"} <= set(entry["by_factor"])
+    assert sum(r["episodes"] for r in entry["by_factor"]["friction"]) == len(entry["episodes"])
+    assert "lap completion by world factor" in proc.stdout
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint", str(tmp_path / "nope.pt")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
