@@ -45,6 +45,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "dropout-0.3": {"policy.dropout": 0.3},
         "entropy-0.01": {"ppo.entropy_coef": 0.01},
         "fast-throttle": {"env.action_space": "fast-throttle"},
+        "blind-to-grip": {"policy.hidden_factors": ("friction", "mass_scale", "motor_gain")},
     },
     "student": {
         "base": {},
