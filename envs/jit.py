@@ -11,11 +11,13 @@ import torch
 F = TypeVar("F", bound=Callable)
 
 
-def maybe_compile(fn: F, enabled: bool) -> F:
+def maybe_compile(fn: F, enabled: bool, fallback: Callable | None = None) -> F:
     """`torch.compile(fn)` with static shapes when `enabled`; if the backend cannot build (e.g. no C++ compiler),
-    warn once and run eagerly. Callers keep shapes fixed per call site, so each compiles once."""
+    warn once and run eagerly (`fallback` if given: an eager equivalent of `fn` with the same arguments, for when the
+    fused form of `fn` is slow uncompiled). Callers keep shapes fixed per call site, so each compiles once."""
+    eager = fallback or fn
     if not enabled:
-        return fn
+        return eager
     compiled = torch.compile(fn, dynamic=False)
     current: list[Callable] = [compiled]
 
@@ -26,7 +28,7 @@ def maybe_compile(fn: F, enabled: bool) -> F:
             warnings.warn(
                 f"torch.compile unavailable ({err.__class__.__name__}); running {fn.__name__} eagerly", stacklevel=2
             )
-            current[0] = fn
-            return fn(*args, **kwargs)
+            current[0] = eager
+            return eager(*args, **kwargs)
 
     return call  # type: ignore[return-value]

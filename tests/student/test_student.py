@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs.augment import AugmentConfig, augment
+from envs.augment import AugmentConfig, augment, photometric, photometric_sparse
 from student.dagger import DaggerConfig, choose_actions, distillation_loss, loss_mask, teacher_probability
 from student.model import OutputSpec, StudentConfig, StudentModel, previous_frames
 from student.networks import EncoderConfig, ImageEncoder
@@ -140,3 +140,42 @@ def test_augmentations_keep_dtype_range_and_are_seeded():
     flat = torch.full((2, 4, 1, 8, 8), 0.5)
     out = augment(flat, AugmentConfig.only("color"), torch.Generator().manual_seed(0))
     assert torch.allclose(out[:, :1].expand_as(out), out)
+
+
+def test_sparse_photometric_equals_the_fused_pass_exactly():
+    """The eager path (shadow and sharpen only over the windows with non-neutral parameters) gives the fused pass's
+    result bit for bit, from uint8 and from float frames."""
+    g = torch.Generator().manual_seed(3)
+    b = 6
+    frames = torch.randint(0, 256, (b, 3, 1, 24, 32), generator=g, dtype=torch.uint8)
+    shaded, sharpened = torch.tensor([1, 4]), torch.tensor([0, 4, 5])
+    tone = torch.rand(b, generator=g) - 0.5
+    gain = 0.6 + 0.8 * torch.rand(b, generator=g)
+    shift = 0.5 * torch.rand(b, generator=g) - 0.25
+    angle = 6.28 * torch.rand(b, generator=g)
+    strength = torch.ones(b)
+    strength[shaded] = 0.5
+    shadow = torch.stack([angle.cos(), angle.sin(), torch.rand(b, generator=g) - 0.5, strength], 1)
+    sharp = torch.zeros(b)
+    sharp[sharpened] = torch.tensor([-0.8, 0.5, 1.0])
+    for x in (frames, frames.float() / 255.0):
+        fused = photometric(x, tone, gain, shift, shadow, sharp)
+        assert torch.equal(fused, photometric_sparse(x, tone, gain, shift, shadow, sharp))
+
+
+def test_failed_compile_warns_once_and_runs_the_eager_fallback(monkeypatch):
+    from envs import jit
+
+    def broken(fn, dynamic=False):
+        def call(*args, **kwargs):
+            raise torch._dynamo.exc.BackendCompilerFailed(fn, RuntimeError("no compiler"), None)
+
+        return call
+
+    monkeypatch.setattr(jit.torch, "compile", broken)
+    calls = []
+    fn = jit.maybe_compile(lambda x: x + 1, True, fallback=lambda x: calls.append(x) or x + 1)
+    with pytest.warns(UserWarning, match="torch.compile unavailable"):
+        assert fn(1) == 2
+    assert fn(2) == 3 and calls == [1, 2]  # the fallback from then on
+    assert jit.maybe_compile(lambda x: x, False, fallback=lambda x: -x)(3) == -3  # compile off: the fallback
