@@ -76,49 +76,49 @@ def _uniform(b: int, lo: float, hi: float, g: torch.Generator, device) -> Tensor
     return lo + (hi - lo) * torch.rand(b, generator=g, device=device)
 
 
+def _color(x: Tensor, tone: Tensor, gain: Tensor, shift: Tensor) -> Tensor:
+    """Tone curve, contrast and brightness per window; uint8 frames are scaled to [0, 1] first."""
+    if x.dtype == torch.uint8:
+        x = x.float() * (1.0 / 255.0)
+    v = (x.shape[0], 1, 1, 1, 1)
+    y = torch.addcmul(x, tone.view(v) * x, 1.0 - x)
+    return (y - 0.5) * gain.view(v) + (0.5 + shift.view(v))
+
+
+def _shadow(y: Tensor, shadow: Tensor) -> Tensor:
+    """Scale the luma on one side of each window's straight edge by its strength."""
+    h, w = y.shape[-2:]
+    v = (y.shape[0], 1, 1, 1, 1)
+    ys = torch.linspace(-1.0, 1.0, h, device=y.device).view(1, 1, 1, h, 1)
+    xs = torch.linspace(-1.0, 1.0, w, device=y.device).view(1, 1, 1, 1, w)
+    inside = shadow[:, 0].view(v) * xs + shadow[:, 1].view(v) * ys > shadow[:, 2].view(v)
+    return torch.where(inside, y * shadow[:, 3].view(v), y)
+
+
+def _sharpen(y: Tensor, sharp: Tensor) -> Tensor:
+    """Unsharp mask (negative amounts blur) with a 3x3 box blur."""
+    b, t, c, h, w = y.shape
+    blur = F.avg_pool2d(y.reshape(b * t, c, h, w), 3, stride=1, padding=1, count_include_pad=False).view(y.shape)
+    return torch.addcmul(y, sharp.view(b, 1, 1, 1, 1), y - blur)
+
+
 def photometric(x: Tensor, tone: Tensor, gain: Tensor, shift: Tensor, shadow: Tensor, sharp: Tensor) -> Tensor:
     """Color, shadow and sharpen in one pass. x `(B, T, 1, H, W)` in [0, 1] (or uint8); per-window parameters
     `(B,)`: tone, contrast gain, brightness shift, shadow `(B, 4)` = (cos, sin, offset, strength), sharpen amount."""
-    if x.dtype == torch.uint8:
-        x = x.float() * (1.0 / 255.0)
-    b, t, c, h, w = x.shape
-    v = (b, 1, 1, 1, 1)
-    y = torch.addcmul(x, tone.view(v) * x, 1.0 - x)
-    y = (y - 0.5) * gain.view(v) + (0.5 + shift.view(v))
-    ys = torch.linspace(-1.0, 1.0, h, device=x.device).view(1, 1, 1, h, 1)
-    xs = torch.linspace(-1.0, 1.0, w, device=x.device).view(1, 1, 1, 1, w)
-    inside = shadow[:, 0].view(v) * xs + shadow[:, 1].view(v) * ys > shadow[:, 2].view(v)
-    y = torch.where(inside, y * shadow[:, 3].view(v), y)
-    blur = F.avg_pool2d(y.reshape(b * t, c, h, w), 3, stride=1, padding=1, count_include_pad=False).view(y.shape)
-    return torch.addcmul(y, sharp.view(v), y - blur).clamp(0.0, 1.0)
+    return _sharpen(_shadow(_color(x, tone, gain, shift), shadow), sharp).clamp(0.0, 1.0)
 
 
 def photometric_sparse(x: Tensor, tone: Tensor, gain: Tensor, shift: Tensor, shadow: Tensor, sharp: Tensor) -> Tensor:
     """`photometric` computed eagerly with the shadow and the sharpen passes only over the windows whose parameters
     are not neutral: the same result bit for bit (a neutral shadow multiplies by 1, a neutral sharpen adds 0), at
     a fraction of the memory traffic. The eager path, and the fallback when the fused pass cannot be compiled."""
+    y = _color(x, tone, gain, shift)
     shaded = (shadow[:, 3] != 1.0).nonzero(as_tuple=True)[0]
-    sharpened = (sharp != 0.0).nonzero(as_tuple=True)[0]
-    if x.dtype == torch.uint8:
-        x = x.float() * (1.0 / 255.0)
-    b, t, c, h, w = x.shape
-    v = (b, 1, 1, 1, 1)
-    y = torch.addcmul(x, tone.view(v) * x, 1.0 - x)
-    y = (y - 0.5) * gain.view(v) + (0.5 + shift.view(v))
     if len(shaded):
-        sub, p = y[shaded], shadow[shaded]
-        vs = (len(shaded), 1, 1, 1, 1)
-        ys = torch.linspace(-1.0, 1.0, h, device=x.device).view(1, 1, 1, h, 1)
-        xs = torch.linspace(-1.0, 1.0, w, device=x.device).view(1, 1, 1, 1, w)
-        inside = p[:, 0].view(vs) * xs + p[:, 1].view(vs) * ys > p[:, 2].view(vs)
-        y[shaded] = torch.where(inside, sub * p[:, 3].view(vs), sub)
+        y[shaded] = _shadow(y[shaded], shadow[shaded])
+    sharpened = (sharp != 0.0).nonzero(as_tuple=True)[0]
     if len(sharpened):
-        sub = y[sharpened]
-        n = len(sharpened)
-        blur = F.avg_pool2d(sub.reshape(n * t, c, h, w), 3, stride=1, padding=1, count_include_pad=False).view(
-            sub.shape
-        )
-        y[sharpened] = torch.addcmul(sub, sharp[sharpened].view(n, 1, 1, 1, 1), sub - blur)
+        y[sharpened] = _sharpen(y[sharpened], sharp[sharpened])
     return y.clamp_(0.0, 1.0)
 
 
