@@ -31,9 +31,9 @@ class TeacherPolicyConfig:
     hidden_factors: tuple[str, ...] = ()
     """env factors the actor does not see (held at mid-range; still randomized, and the critic still sees them). A
     teacher that acts on a factor its student cannot recover from the camera and its own actions asks the impossible
-    of the student: on friction the student imitates the average teacher and leaves the track in low-grip worlds.
-    Hiding such factors trains a teacher that is robust to them instead (the `transfer` preset hides friction, mass
-    and motor gain)"""
+    of the student: on friction the student imitates the average teacher and leaves the track most in low-grip
+    worlds. Hiding such factors trains a teacher that is robust to them instead (e.g. friction mass_scale
+    motor_gain; none by default)"""
     obs_normalization: bool = True
     """running mean/std normalization of the observations"""
     init_std: float = 0.6

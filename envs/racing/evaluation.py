@@ -19,6 +19,7 @@ from torch import Tensor
 from envs.errors import ConfigError, check_range
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
+from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
 
 Policy = Callable[[TensorDict], Tensor]
 
@@ -128,8 +129,6 @@ def summarize(records: list[EpisodeRecord], optimal_lap_time: float) -> dict[str
 def episode_factors(env_factors: Tensor) -> list[dict[str, float]]:
     """Each env's randomized world in physical units (friction, gains, latencies in seconds, ...) from the
     normalized `env_factors` observation."""
-    from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
-
     raw = torch.stack([denormalize_factor(k, env_factors[:, i]) for i, k in enumerate(FACTOR_NAMES)], -1)
     return [dict(zip(FACTOR_NAMES, row)) for row in raw.cpu().double().tolist()]
 
