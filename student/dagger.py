@@ -46,6 +46,10 @@ class DaggerConfig:
     """windows per gradient step"""
     labels_per_window: int = 36
     """supervised steps at the end of each window (the window adds the history encoder's context before them)"""
+    cnn_grad_stride: int = 2
+    """the image encoder gets gradients through every this-many-th supervised frame of a window (the others are
+    encoded without; the history encoder and the policy head train on all): consecutive 15 Hz frames are nearly the
+    same image, and the encoder's backward pass is most of a training step. 1 = every frame"""
     learning_rate: float = 5e-4
     """Adam learning rate of round 0; it follows a cosine down to 10% by the last round"""
     z_weight: float = 1.0
@@ -80,6 +84,7 @@ class DaggerConfig:
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)
+        check_range("dagger.cnn_grad_stride", self.cnn_grad_stride, 1, 10_000)
 
 
 def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:
@@ -148,7 +153,9 @@ def train_step(
     # Frames before the first supervised position only feed the history: no gradient through the CNN there.
     first_label = int(lmask.float().argmax(dim=1).min()) if bool(lmask.any()) else 0
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg)):
-        outputs, heads = model.forward_window(camera, prev_action, mask, context_no_grad=first_label)
+        outputs, heads = model.forward_window(
+            camera, prev_action, mask, context_no_grad=first_label, grad_stride=cfg.cnn_grad_stride
+        )
     outputs, heads = outputs.float(), {k: v.float() for k, v in heads.items()}
     teacher_logits = torch.from_numpy(batch["teacher_logits"])
     loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)

@@ -107,27 +107,41 @@ class StudentModel(nn.Module):
         self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
 
     def forward_window(
-        self, camera: Tensor, prev_action: Tensor, mask: Tensor, context_no_grad: int = 0
+        self, camera: Tensor, prev_action: Tensor, mask: Tensor, context_no_grad: int = 0, grad_stride: int = 1
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads.
 
         The first `context_no_grad` frames of each window are encoded without gradients (they only feed the
-        history of later steps), which saves two thirds of their cost in training. A motion encoder pairs each frame
-        with the one before it; at an episode's first frame (and the window's first) that is the frame itself."""
+        history of later steps), which saves two thirds of their cost in training. After them, only every
+        `grad_stride`-th frame is encoded with gradients: the image encoder learns from a subset of the supervised
+        frames (15 Hz neighbours are nearly the same image), while the history encoder and the policy head still
+        read and train on every frame. The outputs are the same whatever the two settings; only which frames
+        carry gradients into the encoder changes. A motion encoder pairs each frame with the one before it; at an
+        episode's first frame (and the window's first) that is the frame itself."""
         b, t = camera.shape[:2]
         c = min(context_no_grad, t)
         previous = previous_frames(camera, mask) if self.encoder.motion else None
 
-        def encode(lo: int, hi: int) -> Tensor:
-            prev = None if previous is None else previous[:, lo:hi].flatten(0, 1)
-            return self.encoder(camera[:, lo:hi].flatten(0, 1), prev).view(b, hi - lo, -1)
+        def encode(idx: Tensor | slice) -> Tensor:
+            frames = camera[:, idx]
+            prev = None if previous is None else previous[:, idx].flatten(0, 1)
+            return self.encoder(frames.flatten(0, 1), prev).view(b, frames.shape[1], -1)
 
-        if c > 0:
+        if grad_stride > 1 and t - c > 1:
+            pos = torch.arange(t, device=camera.device)
+            with_grad = (pos >= c) & ((pos - c) % grad_stride == 0)
+            grad_idx, rest_idx = pos[with_grad], pos[~with_grad]
             with torch.no_grad():
-                ctx = encode(0, c)
-            emb = torch.cat([ctx, encode(c, t)], dim=1)
+                rest = encode(rest_idx)
+            # Put the two groups back in time order (indexing keeps the gradient of the encoded group).
+            order = torch.argsort(torch.cat([rest_idx, grad_idx]))
+            emb = torch.cat([rest, encode(grad_idx)], dim=1)[:, order]
+        elif c > 0:
+            with torch.no_grad():
+                ctx = encode(slice(0, c))
+            emb = torch.cat([ctx, encode(slice(c, t))], dim=1)
         else:
-            emb = encode(0, t)
+            emb = encode(slice(0, t))
         prev_action = prev_action * mask.unsqueeze(-1)
         if self.history is None:
             return self.head(torch.cat([emb, prev_action], -1)), {}

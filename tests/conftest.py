@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 _TMP = tempfile.mkdtemp(prefix="gapbridge-tests-")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)  # the session's caches go with it
 os.environ["WANDB_MODE"] = "disabled"
 os.environ["WANDB_SILENT"] = "true"
 os.environ["WANDB_DIR"] = os.path.join(_TMP, "wandb")

@@ -55,6 +55,32 @@ def test_student_window_and_step_agree(kind, motion):
     assert cfg.context == StudentConfig(history=cfg.history).context + motion, "motion reads one frame further back"
 
 
+@pytest.mark.parametrize("motion", [False, True])
+def test_strided_encoder_gradient_keeps_outputs_and_limits_gradient_to_its_frames(motion):
+    torch.manual_seed(0)
+    cfg = StudentConfig(encoder=EncoderConfig(motion=motion), history=StudentConfig().history.__class__(kind="none"))
+    model = StudentModel(cfg, SPEC).eval()
+    t, c = 7, 2
+    cam = torch.randint(0, 256, (2, t, 1, 120, 160), dtype=torch.uint8)
+    prev, mask = torch.rand(2, t, 2), torch.ones(2, t, dtype=torch.bool)
+    dense, _ = model.forward_window(cam, prev, mask, context_no_grad=c)
+    strided, _ = model.forward_window(cam, prev, mask, context_no_grad=c, grad_stride=2)
+    assert torch.allclose(dense, strided, atol=1e-5), "the stride changes gradients, never outputs"
+
+    def encoder_grad(pos: int, stride: int) -> torch.Tensor | None:
+        model.zero_grad(set_to_none=True)
+        out, _ = model.forward_window(cam, prev, mask, context_no_grad=c, grad_stride=stride)
+        out[:, pos].square().sum().backward()  # a memoryless student: position `pos` reads frame `pos` only
+        grad = model.encoder.conv[0].weight.grad
+        return None if grad is None else grad.clone()
+
+    assert torch.allclose(encoder_grad(c + 2, 2), encoder_grad(c + 2, 1), atol=1e-5), "strided frame: full gradient"
+    skipped = encoder_grad(c + 1, 2)
+    assert skipped is None or not skipped.any(), "the frame between two strided ones has no encoder gradient"
+    assert model.head.net[0].weight.grad.abs().sum() > 0, "the policy head still trains on the skipped frame"
+    assert encoder_grad(c + 1, 1).abs().sum() > 0
+
+
 def test_motion_encoder_sees_the_frame_difference():
     torch.manual_seed(0)
     enc = ImageEncoder(EncoderConfig(motion=True)).eval()
