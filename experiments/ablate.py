@@ -63,6 +63,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "sharpen-only": {"augment": AugmentConfig.only("sharpen")},
         "noise-only": {"augment": AugmentConfig.only("noise")},
         "dropout-0.3": {"student.head_dropout": 0.3},
+        "low-grip-data": {"dagger.low_grip_share": 0.5},
+        "dense-encoder-gradient": {"dagger.cnn_grad_stride": 1},
     },
 }
 

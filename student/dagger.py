@@ -62,6 +62,10 @@ class DaggerConfig:
     """re-draw the car's dynamics and latencies every this many seconds of a collection episode
     (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds
     per episode for the estimates to learn from, and changes to follow mid-episode"""
+    low_grip_share: float = 0.0
+    """share of collection episodes whose friction is drawn from the lowest third of the teacher world's range
+    (`randomization.friction_low_share` of the DAgger env only; evaluations keep the teacher's world): more data
+    where students fail most"""
     estimator_fit_steps: int = 4000
     """after the last round's training, fit the factor estimator alone on every recorded episode for this many
     gradient steps (its inputs are five numbers per step: cheap); 0 = only its training alongside the policy"""
@@ -80,6 +84,7 @@ class DaggerConfig:
         check_range("dagger.gate_threshold", self.gate_threshold, 0.0, 1.0)
         check_range("dagger.envs", self.envs, 1, 100_000)
         check_range("dagger.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
+        check_range("dagger.low_grip_share", self.low_grip_share, 0.0, 1.0)
         check_range("dagger.estimator_fit_steps", self.estimator_fit_steps, 0, 10_000_000)
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)

@@ -61,12 +61,17 @@ def collection_env_config(env_cfg: EnvConfig, dagger: DaggerConfig) -> EnvConfig
     return replace(env_cfg, num_envs=dagger.envs, camera="projective", termination=term)
 
 
-def redraw_world(env_cfg: EnvConfig, redraw_seconds: float) -> EnvConfig:
-    """`env_cfg` with its dynamics re-drawn every `redraw_seconds` of an episode (0: unchanged). Only the collection
-    env gets it: the run's saved world, its evaluations and its checkpoints' world stay the teacher's."""
-    if redraw_seconds <= 0:
-        return env_cfg
-    return replace(env_cfg, randomization=replace(env_cfg.randomization, redraw_seconds=redraw_seconds))
+def collection_world(env_cfg: EnvConfig, dagger: DaggerConfig) -> EnvConfig:
+    """`env_cfg` as the collection env draws its worlds: dynamics re-drawn every `dagger.redraw_seconds` of an
+    episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged).
+    Only the collection env gets it: the run's saved world, its evaluations and its checkpoints' world stay the
+    teacher's."""
+    rnd = env_cfg.randomization
+    if dagger.redraw_seconds > 0:
+        rnd = replace(rnd, redraw_seconds=dagger.redraw_seconds)
+    if dagger.low_grip_share > 0:
+        rnd = replace(rnd, friction_low_share=dagger.low_grip_share)
+    return replace(env_cfg, randomization=rnd)
 
 
 class Distiller:
@@ -87,7 +92,7 @@ class Distiller:
         self.log = log or (lambda metrics, step: None)
         torch.manual_seed(dagger_cfg.seed)
         self.env_cfg = collection_env_config(env_cfg, dagger_cfg)
-        self.env = RacingEnv(redraw_world(self.env_cfg, dagger_cfg.redraw_seconds))
+        self.env = RacingEnv(collection_world(self.env_cfg, dagger_cfg))
         teacher.check_env(self.env)
         self.spec = output_spec(self.env, teacher)
         self.model = StudentModel(student_cfg, self.spec)

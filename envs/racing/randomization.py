@@ -7,7 +7,7 @@ configured ranges, so a factor means the same thing to a policy whatever ranges 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -25,6 +25,9 @@ class RandomizationConfig:
     """randomize tire-ground friction"""
     friction_range: tuple[float, float] = (0.7, 1.2)
     """friction coefficient range (nominal 1.0)"""
+    friction_low_share: float = 0.0
+    """share of draws taken from the lowest third of `friction_range` instead of all of it (0: uniform): more
+    low-grip worlds where a policy fails most, e.g. in a student's DAgger collection (`--dagger.low-grip-share`)"""
     mass: bool = True
     """randomize the car's mass (and yaw inertia with it)"""
     mass_range: tuple[float, float] = (0.85, 1.2)
@@ -84,6 +87,7 @@ class RandomizationConfig:
 
     def __post_init__(self) -> None:
         check_interval("randomization.friction_range", self.friction_range, 0.05, 3.0)
+        check_range("randomization.friction_low_share", self.friction_low_share, 0.0, 1.0)
         check_interval("randomization.mass_range", self.mass_range, 0.2, 5.0)
         check_interval("randomization.motor_gain_range", self.motor_gain_range, 0.2, 2.0)
         check_interval("randomization.steering_gain_range", self.steering_gain_range, 0.2, 2.0)
@@ -171,6 +175,12 @@ def sample_world(
     cam_ms = pick(cfg.camera_latency, cfg.camera_latency_ms, cfg.nominal_camera_latency_ms)
     to_steps = lambda ms: torch.round(ms / (1000.0 * dt_physics)).long()  # noqa: E731
     noise = pick(cfg.action_noise, (0.0, cfg.action_noise_max), 0.0)
+    if cfg.friction and cfg.friction_low_share > 0:
+        # Drawn last, so every other factor of a seeded draw is the same with and without it.
+        lo, hi = cfg.friction_range
+        low = uniform(lo, lo + (hi - lo) / 3.0, n, generator, device)
+        use_low = uniform(0.0, 1.0, n, generator, device) < cfg.friction_low_share
+        params = replace(params, friction=torch.where(use_low, low, params.friction))
     return WorldSample(params, to_steps(act_ms), to_steps(cam_ms), noise, torch.ones(n, device=device))
 
 

@@ -257,6 +257,27 @@ def test_redraw_changes_the_dynamics_every_period_and_nothing_else():
         RandomizationConfig(redraw_seconds=-1.0)
 
 
+def test_low_grip_share_draws_from_the_lowest_third_and_leaves_the_other_factors():
+    from envs.racing.randomization import sample_world
+
+    def draw(share: float):
+        cfg = RandomizationConfig(friction_range=(0.6, 1.2), friction_low_share=share)
+        return sample_world(cfg, 20_000, 1 / 60, torch.Generator().manual_seed(3), torch.device("cpu"))
+
+    base, half, only_low = draw(0.0), draw(0.5), draw(1.0)
+    low_third = lambda w: float((w.params.friction <= 0.8).float().mean())  # noqa: E731
+    assert low_third(base) == pytest.approx(1 / 3, abs=0.015)
+    assert low_third(half) == pytest.approx(0.5 + 0.5 / 3, abs=0.015), "half the draws, plus the uniform half's third"
+    assert low_third(only_low) == 1.0 and float(only_low.params.friction.min()) >= 0.6
+    for name in ("mass_scale", "motor_gain", "steering_gain", "steering_offset"):
+        assert torch.equal(getattr(half.params, name), getattr(base.params, name)), name
+    assert torch.equal(half.action_latency, base.action_latency) and torch.equal(half.action_noise, base.action_noise)
+    kept = half.params.friction > 0.8
+    assert torch.equal(half.params.friction[kept], base.params.friction[kept]), "a draw it does not replace is kept"
+    with pytest.raises(ConfigError, match="friction_low_share"):
+        RandomizationConfig(friction_low_share=1.5)
+
+
 def test_compiled_env_matches_eager_closely():
     eager = RacingEnv(EnvConfig(num_envs=16, compile=False))
     comp = RacingEnv(EnvConfig(num_envs=16, compile=True))

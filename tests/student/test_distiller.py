@@ -311,3 +311,13 @@ def test_redrawn_worlds_reach_the_collected_targets_but_not_the_saved_world(teac
     assert changed and all(changed)
     saved = torch.load(sorted((tmp_path / "r" / "checkpoints").glob("*.pt"))[-1], weights_only=False)
     assert "redraw_seconds: 0.0" in saved["env_yaml"]
+
+
+def test_low_grip_share_reaches_the_collection_env_only(teacher_path, tmp_path):
+    run = distiller(teacher_path, tmp_path / "r", dagger=replace(DAGGER, rounds=1, low_grip_share=0.5))
+    assert run.env.cfg.randomization.friction_low_share == 0.5
+    assert (
+        run.env_cfg.randomization.friction_low_share == 0.0 and run.eval_env.cfg.randomization.friction_low_share == 0
+    )
+    with pytest.raises(ConfigError, match="low_grip_share"):
+        replace(DAGGER, low_grip_share=-0.1)
