@@ -34,11 +34,12 @@ class EpisodeInputs:
 
 
 @torch.no_grad()
-def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096) -> EpisodeInputs:
+def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: bool = False) -> EpisodeInputs:
     """The estimator's inputs over every episode in the run's finished shards, one shard in memory at a time.
 
     Episodes of a shard are padded to a common length on the left (padding is masked, as at an episode start) and run
-    through `model.forward_window` in batches of about `batch_frames` frames."""
+    through `model.forward_window` in batches of about `batch_frames` frames; `bf16` runs it under bfloat16 autocast,
+    as DAgger trains (about 1.6x faster here; inputs within a few thousandths of the float32 pass)."""
     was_training = model.training
     model.eval()
     out: dict[str, list[Tensor]] = {"inputs": [], "targets": [], "episode": [], "step": []}
@@ -65,7 +66,9 @@ def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096) -> Epi
                     cam[row, longest - (b - a) :] = torch.from_numpy(cols["camera"][a:b])
                     prev[row, longest - (b - a) :] = torch.from_numpy(cols["prev_action"][a:b])
                     mask[row, longest - (b - a) :] = True
-                _, heads = model.forward_window(cam, prev, mask)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    _, heads = model.forward_window(cam, prev, mask)
+                heads = {k: v.float() for k, v in heads.items()}
                 x = FactorEstimator.inputs(prev * mask.unsqueeze(-1), heads["estimates"])
                 for row, e in enumerate(group):
                     a, b = starts[e], ends[e]

@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 from rich.console import Console
@@ -26,6 +27,7 @@ from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
 from envs.errors import ConfigError
 from experiments.cli import run
+from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 
 
@@ -49,6 +51,9 @@ class FitEstimatorConfig:
     """seed of the window sampling and of a new estimator's initialization"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
+    bf16: Literal["auto", "on", "off"] = "auto"
+    """bfloat16 autocast for the student's pass over the recorded episodes (auto: on CPUs with native bf16, as
+    DAgger trains)"""
 
 
 def main(cfg: FitEstimatorConfig) -> dict:
@@ -75,7 +80,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
             cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes
         )
     t0 = time.time()
-    data = episode_inputs(model, data_dir)
+    data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
     t1 = time.time()
     stats = fit_estimator(model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed)
     t2 = time.time()

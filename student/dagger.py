@@ -207,9 +207,14 @@ def round_learning_rate(cfg: DaggerConfig, round_index: int) -> float:
 
 
 def use_bf16(cfg: DaggerConfig) -> bool:
-    if cfg.bf16 == "auto":
+    return bf16_enabled(cfg.bf16)
+
+
+def bf16_enabled(mode: str) -> bool:
+    """`auto`: bfloat16 autocast where the CPU has native bf16; `on` / `off` as said."""
+    if mode == "auto":
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return cfg.bf16 == "on"
+    return mode == "on"
 
 
 def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:

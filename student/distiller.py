@@ -31,7 +31,14 @@ from envs.config_io import to_yaml
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
-from student.dagger import DaggerConfig, choose_actions, round_learning_rate, teacher_probability, train_step
+from student.dagger import (
+    DaggerConfig,
+    choose_actions,
+    round_learning_rate,
+    teacher_probability,
+    train_step,
+    use_bf16,
+)
 from student.loaded import STUDENT_KIND
 from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
 from teacher.policy import TeacherPolicy
@@ -206,7 +213,7 @@ class Distiller:
         """The factor estimator fitted alone on every recorded episode (after the last round's training)."""
         if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
             return {}
-        data = episode_inputs(self.model, self.data_dir)
+        data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(self.cfg))
         self.estimator_fit = fit_estimator(
             self.model.estimator, data, self.env_cfg.dt_physics, steps=self.cfg.estimator_fit_steps, seed=self.cfg.seed
         )
