@@ -3,7 +3,8 @@
     python -m experiments.benchmark_student default     # writes outputs/benchmark_student.json
 
 Times `train_step` (augmentation, forward over `context + labels_per_window` frames with the context encoded without
-gradients, losses, backward, Adam) on synthetic windows shaped like DAgger's, and `StudentModel.step` on a batch of
+gradients and the encoder's gradient through every `--dagger.cnn-grad-stride`-th supervised frame, losses, backward,
+Adam) on synthetic windows shaped like DAgger's, and `StudentModel.step` on a batch of
 cars, for each variant: the default student, the motion encoder, a TCN over 61 steps, and the GRU. The figures tell
 what an architecture choice costs a DAgger round; the whole-run time also includes collection and evaluation.
 """
