@@ -34,6 +34,8 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
 }
 """named feature subsets: what the regressor is given (`commands+body_velocities` is what the student has when its
 own estimates of speed, lateral speed and yaw rate are exact)"""
+MOTION_FEATURES = ("speed", "lateral_speed", "yaw_rate")
+"""the body velocities the student estimates from its camera (what `estimate_noise` blurs)"""
 FACTORS = ("friction", "motor_gain", "action_latency")
 """factors the student's history encoder estimates (friction and motor gain nominal 1.0; action latency in seconds,
 nominal one frame at 15 Hz)"""
@@ -141,6 +143,25 @@ def fit_r2(
     return {"train_r2": r2_score(pred[~test], y[~test]), "test_r2": r2_score(pred[test], y[test])}
 
 
+def estimate_noise(x: Tensor, columns: Sequence[int], r2: float, generator: torch.Generator) -> Tensor:
+    """`x` (..., F) with independent Gaussian noise added to `columns`, scaled so that each noisy column scores
+    R^2 = `r2` against the exact one (1 - SSE / SST, as the evaluation scores the student's estimates): noise standard
+    deviation = the column's standard deviation * sqrt(1 - r2). White noise per step: an estimator may average it
+    over its history, which errors correlated in time would not allow, so the resulting factor R^2 is optimistic."""
+    if not 0.0 < r2 <= 1.0:
+        raise ValueError(f"r2={r2}: an estimate's R^2 for the noise model must be in (0, 1]")
+    out = x.clone()
+    for c in columns:
+        sd = float(x[..., c].double().std())
+        noise = torch.randn(x[..., c].shape, generator=generator, dtype=torch.float64)
+        out[..., c] = (x[..., c].double() + sd * (1.0 - r2) ** 0.5 * noise).to(x.dtype)
+    return out
+
+
+def noisy_set_name(r2: float) -> str:
+    return f"commands+body_velocities (estimates at R² {r2:g})"
+
+
 def observability(
     rec: Recording,
     lengths: Sequence[int],
@@ -148,22 +169,33 @@ def observability(
     feature_sets: dict[str, tuple[str, ...]] | None = None,
     iterations: int = 3000,
     holdout_every: int = 5,
+    motion_r2: Sequence[float] = (),
+    seed: int = 0,
 ) -> dict:
     """Held-out R^2 of the factor from each feature set and each history length in `lengths` (steps; every
     `holdout_every`-th env is held out: the test windows come from cars and episodes the regressor never saw), plus
-    how much of its grip the car uses. The R^2 by length says how much driving the estimate needs."""  # fmt: skip
+    how much of its grip the car uses. The R^2 by length says how much driving the estimate needs. For each value in
+    `motion_r2`, also from the commands and body velocities blurred by `estimate_noise` to that R^2: how good the
+    student's motion estimates must be for its factor estimate to reach a given R^2."""  # fmt: skip
     sets = feature_sets or FEATURE_SETS
     for name, cols in sets.items():
         unknown = set(cols) - set(FEATURES)
         if unknown:
             raise ValueError(f"feature set {name!r}: unknown features {sorted(unknown)}; known: {FEATURES}")
-    out: dict = {"factor_std": float(rec.target[rec.since_reset >= 0].std()), "history": []}  # padding excluded
+    body = FEATURE_SETS["commands+body_velocities"]
+    gen = torch.Generator().manual_seed(seed)
+    names = [*sets, *(noisy_set_name(q) for q in motion_r2)]
+    out: dict = {"factor_std": float(rec.target[rec.since_reset >= 0].std()), "history": [], "feature_sets": names}
     for length in lengths:
         x, y, env_index = windows(rec, length, min_steps)
         test = env_index % holdout_every == 0
         row: dict = {"steps": int(length), "windows": len(y), "test_windows": int(test.sum())}
         for name, cols in sets.items():
             row[name] = fit_r2(x[..., [FEATURES.index(c) for c in cols]], y, test, iterations)
+        for q in motion_r2:
+            xb = x[..., [FEATURES.index(c) for c in body]]
+            noisy = estimate_noise(xb, [body.index(c) for c in MOTION_FEATURES], q, gen)
+            row[noisy_set_name(q)] = fit_r2(noisy, y, test, iterations) | {"motion_r2": float(q)}
         out["history"].append(row)
     grip = rec.grip_use[rec.since_reset > 0].numpy()
     out["grip_use_percentiles"] = dict(zip(("p50", "p90", "p99"), np.percentile(grip, [50, 90, 99]).tolist()))

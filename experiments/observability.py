@@ -3,6 +3,7 @@
     python -m experiments.observability default --teacher runs/teacher/checkpoints/iter_000256.pt
     python -m experiments.observability default --teacher … --factor motor_gain --no-blind
     python -m experiments.observability default --run-dir runs/student
+    python -m experiments.observability default --teacher … --windows 30 --motion-r2 0.99 0.95 0.9
 
 The teacher drives its own training world (no camera) with the factor's input held at nominal (`--blind`, so its
 commands do not carry the true value); an MLP is fitted on windows of each history length in `--windows` (steps;
@@ -12,7 +13,9 @@ only camera frames and its own actions, so its R^2 on the same driving and histo
 figure: a low student R^2 under a high ceiling is a learning problem, a low ceiling means the driving does not
 excite the factor (or the history is too short). With `--run-dir` the same regressor reads a DAgger run's recorded
 episodes (commands and true body velocities): what the student could learn from its own data were its motion
-estimates exact, which is bounded by how many distinct worlds (episodes) the run saw. Writes `observability.json`.
+estimates exact, which is bounded by how many distinct worlds (episodes) the run saw. `--motion-r2` adds fits from
+the commands and body velocities blurred to a given estimate quality (R^2 of each velocity, white noise): how good the
+student's motion estimates must be for the factor to show. Writes `observability.json`.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class ObservabilityConfig:
     """a window's last step is at least this long after the reset"""
     iterations: int = 3000
     """Adam steps of the regressor, per feature set"""
+    motion_r2: tuple[float, ...] = (0.95, 0.9, 0.8)
+    """also regress from the commands and the body velocities with white noise added so that each velocity scores
+    this R^2 (as the evaluation scores the student's estimates): how good the motion estimates must be"""
     seed: int = 0
     """seed of the env and the regressor"""
     out_dir: str = "outputs/observability"
@@ -82,6 +88,9 @@ class ObservabilityConfig:
         check_range("seconds", self.seconds, 0.1, 3600.0)
         check_range("min_seconds", self.min_seconds, 0.0, 3600.0)
         check_range("iterations", self.iterations, 1, 1_000_000)
+        for q in self.motion_r2:
+            if not 0.0 < q <= 1.0:
+                raise ConfigError(f"motion_r2={q}: each estimate R^2 must be in (0, 1]")
 
 
 def main(cfg: ObservabilityConfig) -> dict:
@@ -104,7 +113,8 @@ def main(cfg: ObservabilityConfig) -> dict:
         hz = EnvConfig().control_hz
         sets = {k: v for k, v in FEATURE_SETS.items() if set(v) <= set(SHARD_FEATURES)}
         source = f"{cfg.run_dir}: {rec.features.shape[0]} recorded episodes"
-    result = observability(rec, cfg.windows, int(round(cfg.min_seconds * hz)), sets, cfg.iterations)
+    result = observability(rec, cfg.windows, int(round(cfg.min_seconds * hz)), sets, cfg.iterations,
+                           motion_r2=cfg.motion_r2, seed=cfg.seed)  # fmt: skip
     for row in result["history"]:
         row["seconds"] = row["steps"] / hz
     result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, run_dir=cfg.run_dir, source=source,
@@ -114,7 +124,7 @@ def main(cfg: ObservabilityConfig) -> dict:
     table.add_column("features")
     for row in result["history"]:
         table.add_column(f"{row['seconds']:.1f} s ({row['windows']:,} windows)")
-    for name in sets:
+    for name in result["feature_sets"]:
         cells = [f"{row[name]['test_r2']:.3f} ({row[name]['train_r2']:.2f})" for row in result["history"]]
         table.add_row(name, *cells)
     console.print(table)

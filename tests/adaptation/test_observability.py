@@ -94,17 +94,22 @@ def test_observability_script_on_a_tiny_teacher(tmp_path):
                              EvalConfig(start_points=1, laps=1, max_seconds=2.0), tmp_path)  # fmt: skip
     teacher = trainer.save(tmp_path / "teacher.pt")
     cfg = ObservabilityConfig(teacher=str(teacher), envs=10, seconds=3.0, windows=(3, 5), min_seconds=0.5,
-                              iterations=20, out_dir=str(tmp_path / "obs"))  # fmt: skip
+                              iterations=20, motion_r2=(0.9,), out_dir=str(tmp_path / "obs"))  # fmt: skip
     result = main(cfg)
     saved = json.loads((tmp_path / "obs" / "observability.json").read_text())
     assert [row["steps"] for row in saved["history"]] == [3, 5]
     assert all(row["windows"] == r["windows"] > 0 for row, r in zip(saved["history"], result["history"]))
-    assert all(set(row) >= {"commands", "full_state", "seconds"} for row in saved["history"])
+    noisy = "commands+body_velocities (estimates at R² 0.9)"
+    assert saved["feature_sets"][-1] == noisy
+    assert all(set(row) >= {"commands", "full_state", "seconds", noisy} for row in saved["history"])
+    assert all(row[noisy]["motion_r2"] == 0.9 for row in saved["history"])
     assert "grip_use_percentiles" in saved
     with pytest.raises(ConfigError, match="windows is empty"):
         ObservabilityConfig(windows=())
     with pytest.raises(ConfigError, match="factor='mass'"):
         ObservabilityConfig(factor="mass")
+    with pytest.raises(ConfigError, match="motion_r2=1.2"):
+        ObservabilityConfig(motion_r2=(1.2,))
     with pytest.raises(ConfigError, match="--teacher"):
         main(ObservabilityConfig())
 
@@ -144,3 +149,20 @@ def test_observability_from_a_runs_shards_needs_one_source(tmp_path):
         main(ObservabilityConfig(teacher="a.pt", run_dir="b"))
     with pytest.raises(ConfigError, match="not a DAgger run directory"):
         main(ObservabilityConfig(run_dir=str(tmp_path)))
+
+
+def test_estimate_noise_gives_each_motion_column_the_asked_r2_and_leaves_the_rest():
+    from adaptation.losses import r2_score
+    from adaptation.observability import estimate_noise
+
+    x = torch.randn(20000, 4, 5, generator=torch.Generator().manual_seed(0)) * torch.tensor([1.0, 2.0, 3.0, 0.5, 7.0])
+    noisy = estimate_noise(x, [2, 3, 4], 0.9, torch.Generator().manual_seed(1))
+    for c in (2, 3, 4):  # SSE / SST = 1 - 0.9 whatever the column's scale
+        assert r2_score(noisy[..., c], x[..., c]) == pytest.approx(0.9, abs=0.005)
+    assert torch.equal(noisy[..., :2], x[..., :2]), "the commands stay exact"
+    again = estimate_noise(x, [2, 3, 4], 0.9, torch.Generator().manual_seed(1))
+    assert torch.equal(noisy, again), "deterministic under a seed"
+    assert torch.equal(estimate_noise(x, [2], 1.0, torch.Generator()), x)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="must be in"):
+            estimate_noise(x, [2], bad, torch.Generator())
