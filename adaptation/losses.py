@@ -51,11 +51,14 @@ def adaptation_losses(
     mask: Tensor,
     dt_physics: float,
     factor_mask: Tensor | None = None,
+    estimate_weights: dict[str, float] | None = None,
 ) -> dict[str, Tensor]:
     """Masked mean losses over `(B, T)` positions: z-hat MSE, latency cross-entropies, estimate MSE.
 
     `factor_mask` (default `mask`) selects the positions for the latencies, friction and motor gain: a factor
-    estimator reads further back than the history encoder, so fewer positions of a window hold its full context."""
+    estimator reads further back than the history encoder, so fewer positions of a window hold its full context.
+    `estimate_weights` scales named estimates' squared errors inside the estimate loss (others 1; the mean's
+    denominator is unchanged, so a weight of w counts that estimate w times)."""
     w = mask.float()
     fw = w if factor_mask is None else factor_mask.float()
     denom, fdenom = w.sum().clamp(min=1.0), fw.sum().clamp(min=1.0)
@@ -68,7 +71,12 @@ def adaptation_losses(
     sq = (heads["estimates"] - normalized_targets(targets)).square()
     factor_col = torch.tensor([name in FACTOR_ESTIMATES for name in ESTIMATES])
     col_w = torch.where(factor_col, fw.unsqueeze(-1), w.unsqueeze(-1))
-    est_loss = (sq * col_w).sum() / col_w.sum().clamp(min=1.0)
+    names = estimate_weights or {}
+    unknown = set(names) - set(ESTIMATES)
+    if unknown:
+        raise ValueError(f"estimate_weights: unknown estimates {sorted(unknown)}; known: {ESTIMATES}")
+    scale = sq.new_tensor([float(names.get(name, 1.0)) for name in ESTIMATES])
+    est_loss = (sq * col_w * scale).sum() / col_w.sum().clamp(min=1.0)
     return {"z": z_loss, "action_latency": act_loss, "camera_latency": cam_loss, "estimates": est_loss}
 
 

@@ -58,6 +58,10 @@ class DaggerConfig:
     """weight of the two latency classification losses"""
     estimate_weight: float = 0.5
     """weight of the friction / motor-gain / speed regression loss"""
+    speed_weight: float = 1.0
+    """weight of the speed estimate's term inside that loss (the others 1): once the car is under way its speed
+    varies little (standard deviation about a sixth of its normalization scale, where the yaw rate's exceeds its
+    scale), so unweighted its error hardly counts"""
     redraw_seconds: float = 0.0
     """re-draw the car's dynamics and latencies every this many seconds of a collection episode
     (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds
@@ -90,6 +94,7 @@ class DaggerConfig:
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)
         check_range("dagger.cnn_grad_stride", self.cnn_grad_stride, 1, 10_000)
+        check_range("dagger.speed_weight", self.speed_weight, 0.0, 1000.0)
 
 
 def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:
@@ -171,8 +176,9 @@ def train_step(
         # whole episodes after the last round).
         fmask = loss_mask(mask, model.cfg.estimates_context) if model.estimator is not None else None
         ad = adaptation_losses(
-            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, fmask
-        )
+            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, fmask,
+            estimate_weights={"speed": cfg.speed_weight},
+        )  # fmt: skip
         total = (
             total
             + cfg.z_weight * ad["z"]

@@ -85,6 +85,13 @@ def test_losses_and_metrics_by_hand():
     split = adaptation_losses(heads, z, targets, mask, 1 / 60, factor_mask=torch.tensor([[False, True]]))
     assert split["estimates"].item() == pytest.approx((3 + 64 + 100) / 5)
     assert split["action_latency"].item() > 5 and split["z"].item() == pytest.approx(1.0)
+    # Weighting the speed's error (normalized error 1 at step 0) ten times: (1 + 1 + 10 + 1 + 1) / 5; the mean's
+    # denominator stays the count of estimates, the other losses do not change.
+    weighted = adaptation_losses(heads, z, targets, mask, 1 / 60, estimate_weights={"speed": 10.0})
+    assert weighted["estimates"].item() == pytest.approx(14 / 5)
+    assert weighted["z"].item() == losses["z"].item()
+    with pytest.raises(ValueError, match="unknown estimates \\['mass'\\]"):
+        adaptation_losses(heads, z, targets, mask, 1 / 60, estimate_weights={"mass": 2.0})
     heads = {k: v[:, :1].expand(-1, 2, *v.shape[2:]) for k, v in heads.items()}  # both steps as the first
     m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4)
     assert m["action_latency_acc"] == 1.0 and m["loop_latency_within_frame"] == 1.0
