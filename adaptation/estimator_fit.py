@@ -10,6 +10,7 @@ on episodes it never saw.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,18 +34,37 @@ class EpisodeInputs:
     step: Tensor  # (M,) step within the episode
 
 
+@dataclass
+class ReplayBatch:
+    """Recorded episodes of one shard run through the student together, left-padded to a common length."""
+
+    cols: dict[str, np.ndarray]  # the shard's fields
+    spans: list[tuple[int, int]]  # each episode's rows [a, b) in `cols`; row i of the batch is episode i
+    prev_action: Tensor  # (B, T, 2), zero where padded
+    mask: Tensor  # (B, T) True on the episode's steps
+    heads: dict[str, Tensor]  # the student's heads (float32)
+
+    def unpad(self, x: Tensor) -> list[Tensor]:
+        """Per episode, the rows of `x` (B, T, ...) that hold its steps, in step order."""
+        t = x.shape[1]
+        return [x[row, t - (b - a) :] for row, (a, b) in enumerate(self.spans)]
+
+
 @torch.no_grad()
-def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: bool = False) -> EpisodeInputs:
-    """The estimator's inputs over every episode in the run's finished shards, one shard in memory at a time.
+def replay_episodes(
+    model, data_dir: str | Path, fields: tuple[str, ...] = (), batch_frames: int = 4096, bf16: bool = False
+) -> Iterator[ReplayBatch]:
+    """Run the (frozen, eval-mode) student over every episode of the run's finished shards from its start, exactly as
+    it runs on the car, one shard in memory at a time.
 
     Episodes of a shard are padded to a common length on the left (padding is masked, as at an episode start) and run
     through `model.forward_window` in batches of about `batch_frames` frames; `bf16` runs it under bfloat16 autocast,
-    as DAgger trains (about 1.6x faster here; inputs within a few thousandths of the float32 pass)."""
+    as DAgger trains (about 1.6x faster here; outputs within a few thousandths of the float32 pass). `fields` are read
+    besides the camera, previous actions and episode ids."""
     was_training = model.training
     model.eval()
-    out: dict[str, list[Tensor]] = {"inputs": [], "targets": [], "episode": [], "step": []}
     try:
-        for cols in read_shards(data_dir, ("camera", "prev_action", "targets", "episode", "step")):
+        for cols in read_shards(data_dir, tuple(dict.fromkeys(("camera", "prev_action", "episode", *fields)))):
             n = len(cols["episode"])
             if n == 0:
                 continue
@@ -57,27 +77,33 @@ def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: 
                 j = i + max(1, batch_frames // longest)
                 group = order[i:j]
                 longest = int((ends[group] - starts[group]).max())
+                spans = [(int(starts[e]), int(ends[e])) for e in group]
                 # raw uint8 frames, scaled inside the encoder as on the car (a quarter of the memory traffic)
                 cam = torch.zeros(len(group), longest, 1, *cols["camera"].shape[-2:], dtype=torch.uint8)
                 prev = torch.zeros(len(group), longest, 2)
                 mask = torch.zeros(len(group), longest, dtype=torch.bool)
-                for row, e in enumerate(group):
-                    a, b = starts[e], ends[e]
+                for row, (a, b) in enumerate(spans):
                     cam[row, longest - (b - a) :] = torch.from_numpy(cols["camera"][a:b])
                     prev[row, longest - (b - a) :] = torch.from_numpy(cols["prev_action"][a:b])
                     mask[row, longest - (b - a) :] = True
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     _, heads = model.forward_window(cam, prev, mask)
-                heads = {k: v.float() for k, v in heads.items()}
-                x = FactorEstimator.inputs(prev * mask.unsqueeze(-1), heads["estimates"])
-                for row, e in enumerate(group):
-                    a, b = starts[e], ends[e]
-                    out["inputs"].append(x[row, longest - (b - a) :].float())
-                    for k in ("targets", "episode", "step"):
-                        out[k].append(torch.from_numpy(np.asarray(cols[k][a:b])))
+                yield ReplayBatch(cols, spans, prev, mask, {k: v.float() for k, v in heads.items()})
                 i = j
     finally:
         model.train(was_training)
+
+
+def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: bool = False) -> EpisodeInputs:
+    """The estimator's inputs over every episode in the run's finished shards (`replay_episodes`), with the true
+    targets, episode ids and steps."""
+    out: dict[str, list[Tensor]] = {"inputs": [], "targets": [], "episode": [], "step": []}
+    for batch in replay_episodes(model, data_dir, ("targets", "step"), batch_frames, bf16):
+        x = FactorEstimator.inputs(batch.prev_action, batch.heads["estimates"])
+        out["inputs"].extend(v.float() for v in batch.unpad(x))
+        for a, b in batch.spans:
+            for k in ("targets", "episode", "step"):
+                out[k].append(torch.from_numpy(np.asarray(batch.cols[k][a:b])))
     if not out["inputs"]:
         raise ValueError(f"{data_dir}: no recorded episodes in the finished shards")
     return EpisodeInputs(*(torch.cat(out[k]) for k in ("inputs", "targets", "episode", "step")))

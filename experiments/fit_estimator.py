@@ -56,6 +56,15 @@ class FitEstimatorConfig:
     DAgger trains)"""
 
 
+def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
+    """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
+    when it holds no manifest."""
+    path = Path(data_dir) if data_dir else Path(checkpoint).resolve().parent.parent / "data"
+    if not (path / "manifest.json").is_file():
+        raise ConfigError(f"--data-dir {path}: no manifest.json (the run's recorded episodes)")
+    return path
+
+
 def main(cfg: FitEstimatorConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
@@ -64,9 +73,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     ckpt = Path(cfg.checkpoint)
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else ckpt.resolve().parent.parent / "data"
-    if not (data_dir / "manifest.json").is_file():
-        raise ConfigError(f"--data-dir {data_dir}: no manifest.json (the run's recorded episodes)")
+    data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)
     out = Path(cfg.out) if cfg.out else ckpt.with_name(f"{ckpt.stem}_estimator{ckpt.suffix}")
     console = Console()
     student = load_student(ckpt)

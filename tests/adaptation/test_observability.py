@@ -166,3 +166,17 @@ def test_estimate_noise_gives_each_motion_column_the_asked_r2_and_leaves_the_res
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="must be in"):
             estimate_noise(x, [2], bad, torch.Generator())
+
+
+def test_ridge_probe_reads_a_linear_signal_and_not_noise():
+    from adaptation.probe import ridge_r2
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3000, 8, generator=gen)
+    test = torch.arange(3000) % 5 == 0
+    y = 2.0 * x[:, 3] - x[:, 5] + 7.0
+    assert ridge_r2(x, y, test, ridge=0.0) == pytest.approx(1.0, abs=1e-9)
+    assert ridge_r2(x, y, test, ridge=1e-2) > 0.99  # a small penalty barely shrinks it; the intercept is free
+    assert ridge_r2(x, torch.randn(3000, generator=gen), test) < 0.02
+    with pytest.raises(ValueError, match="held-out rows"):
+        ridge_r2(x, y, torch.zeros(3000, dtype=torch.bool))

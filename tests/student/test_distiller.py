@@ -12,13 +12,18 @@ import pytest
 import torch
 
 from adaptation.estimator_fit import episode_inputs
-from adaptation.factor_estimator import FactorEstimator
+from adaptation.factor_estimator import MOTION, FactorEstimator
+from adaptation.history_encoder import ESTIMATES
+from adaptation.losses import ESTIMATE_SCALE
+from adaptation.probe import collect_features
 from datasets.checkpoints import CheckpointError
 from datasets.rollouts import read_manifest
 from envs.augment import AugmentConfig
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
+from experiments.probe_student import ProbeConfig
+from experiments.probe_student import main as probe_main
 from experiments.transfer import ROBUST_SUMMARIES
 from student.dagger import DaggerConfig
 from student.distiller import Distiller
@@ -210,6 +215,23 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
         got = data.inputs[data.episode == int(e)]
         assert torch.allclose(got, torch.stack(expected), atol=1e-4)
         assert data.step[data.episode == int(e)].tolist() == list(range(len(sel)))
+    # The probes' replay keeps the same steps (from `min_step` on) with the student's own estimates.
+    feats = collect_features(model, tmp_path / "data", min_step=2, batch_frames=40)
+    late = data.step >= 2
+    assert torch.equal(feats["episode"], data.episode[late]) and torch.equal(feats["targets"], data.targets[late])
+    assert feats["image"].shape == (int(late.sum()), STUDENT.encoder.embed_dim)
+    assert feats["history"].shape[0] == int(late.sum())
+    centre, scale = ESTIMATE_SCALE["speed"]  # the estimator's inputs hold the normalized speed estimate
+    speed = feats["estimates"][:, ESTIMATES.index("speed")]
+    assert torch.allclose(speed, data.inputs[late, 2 + MOTION.index("speed")] * scale + centre, atol=1e-4)
+    student = d.save(tmp_path / "student.pt")
+    result = probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), min_seconds=0.0,
+                                    holdout_every=2, bf16="off", out_dir=str(tmp_path / "probe")))  # fmt: skip
+    saved = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert saved["r2"]["speed"].keys() >= {"head", "image", "history", "image+history"}
+    assert saved["steps"] == result["steps"] == len(data.episode)
+    with pytest.raises(ConfigError, match="no manifest.json"):
+        probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "nowhere")))
 
 
 def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):
