@@ -25,7 +25,7 @@ from rich.table import Table
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
-from envs.racing.evaluation import EvalConfig, completion_by_factor
+from envs.racing.evaluation import EvalConfig, completion_by_factor, failures_by_section
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
@@ -114,6 +114,7 @@ def main(cfg: EvaluateConfig) -> dict:
                     for r in records
                 ],
                 "by_factor": completion_by_factor(records),
+                "failures_by_section": failures_by_section(records),
             }
             results["worlds"].setdefault(world, {})[track] = entry
             if world == next(iter(worlds)):
@@ -135,6 +136,11 @@ def main(cfg: EvaluateConfig) -> dict:
         for track, entry in tracks.items():
             if entry["by_factor"]:
                 console.print(factor_table(entry["by_factor"], f"{world}, {track}: lap completion by world factor"))
+            where = failure_line(entry["failures_by_section"])
+            if where:
+                console.print(
+                    f"{world}, {track}: failed episodes ended at (tenths of the lap from the start line) {where}"
+                )
     if "sim" in worlds and "proxy" in worlds:
         for track in results["worlds"]["proxy"]:
             s_sim = results["worlds"]["sim"][track]["metrics"]["score"]
@@ -148,6 +154,21 @@ def main(cfg: EvaluateConfig) -> dict:
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
+
+
+def failure_line(by_section: dict[str, list[int]]) -> str:
+    """'0.3–0.4: 8 fwd / 0 rev, …' over the sections where any failed episode ended ('' when none did)."""
+    dirs = list(by_section)
+    if not dirs:
+        return ""
+    n = len(by_section[dirs[0]])
+    short = {"forward": "fwd", "reverse": "rev"}
+    parts = []
+    for i in range(n):
+        if any(by_section[d][i] for d in dirs):
+            counts = " / ".join(f"{by_section[d][i]} {short[d]}" for d in dirs)
+            parts.append(f"{i / n:.1f}–{(i + 1) / n:.1f}: {counts}")
+    return ", ".join(parts)
 
 
 def factor_table(by_factor: dict[str, list[dict[str, float]]], title: str) -> Table:

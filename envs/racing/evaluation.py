@@ -70,6 +70,12 @@ class EpisodeRecord:
     path: np.ndarray = field(repr=False)
     factors: dict[str, float] = field(default_factory=dict, repr=False)  # the episode's world (physical units)
 
+    @property
+    def end_position(self) -> float:
+        """Where on the lap the episode ended: the fraction of the centerline from the start line, in [0, 1)."""
+        sign = 1.0 if self.direction == "forward" else -1.0
+        return float((self.start + sign * self.progress) % 1.0)
+
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of a success rate."""
@@ -152,6 +158,21 @@ def completion_by_factor(records: list[EpisodeRecord], bins: int = 3) -> dict[st
             rows.append({"lo": float(x[part].min()), "hi": float(x[part].max()), "episodes": float(m),
                          "lap_completion": k / m, "ci_low": lo, "ci_high": hi})  # fmt: skip
         out[name] = rows
+    return out
+
+
+def failures_by_section(records: list[EpisodeRecord], sections: int = 10) -> dict[str, list[int]]:
+    """Per direction, how many failed episodes ended in each of `sections` equal stretches of the lap (from the
+    start line along the centerline's own direction): where a policy leaves the track."""
+    out: dict[str, list[int]] = {}
+    for d in ("forward", "reverse"):
+        sub = [r for r in records if r.direction == d]
+        if sub:
+            counts = [0] * sections
+            for r in sub:
+                if not r.success:
+                    counts[min(int(r.end_position * sections), sections - 1)] += 1
+            out[d] = counts
     return out
 
 

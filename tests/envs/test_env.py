@@ -14,12 +14,14 @@ from envs.racing.evaluation import (
     completion_by_factor,
     evaluate,
     evaluation_env_config,
+    failures_by_section,
     run_episodes,
 )
 from envs.racing.observations import teacher_dim
 from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
 from envs.racing.rewards import TerminationConfig
+from experiments.evaluate import failure_line
 from teacher.pure_pursuit import PurePursuitDriver
 from tests.helpers import NO_RANDOMIZATION, small_env_config
 
@@ -167,6 +169,40 @@ def test_episode_records_carry_their_world():
     assert [r.factors["friction"] for r in records] == pytest.approx(drawn["friction"], abs=1e-5)
     assert [r.factors["action_latency"] for r in records] == pytest.approx(drawn["latency"], abs=1e-6)
     assert len(set(drawn["friction"])) == len(records)  # randomized: every episode its own world
+
+
+def test_episodes_end_where_the_record_says():
+    """`end_position` (start +/- progress along the direction of travel) is where the car is when the episode ends."""
+    cfg = EnvConfig(track="oval", compile=False)
+    plan = EvalConfig(start_points=2, laps=1, max_seconds=1.5)  # every episode stops early: none succeeds
+    env = RacingEnv(evaluation_env_config(cfg, plan))
+    driver = PurePursuitDriver(env.action_space, cfg.car, cfg.obs.lookahead_points, cfg.obs.lookahead_spacing)
+    records = run_episodes(driver.act, env, plan)
+    length = env.track.length
+    for r in records:
+        assert not r.success and 0.05 < r.progress < 0.5
+        xy, _, _ = env.track.interpolate(torch.tensor(r.end_position * length))
+        wrong = (r.start - (1.0 if r.direction == "forward" else -1.0) * r.progress) % 1.0
+        xy_wrong, _, _ = env.track.interpolate(torch.tensor(wrong * length))
+        last = torch.from_numpy(r.path[-1]).float()  # the state before the last step: within a step of the end
+        assert float((xy - last).norm()) < 0.4 < float((xy_wrong - last).norm()), r.direction
+    by = failures_by_section(records, sections=4)
+    assert sorted(by) == ["forward", "reverse"] and sum(map(sum, by.values())) == len(records)
+
+
+def test_failures_by_section_hand_example():
+    def rec(start, direction, success, progress):
+        return EpisodeRecord(start, direction, success, 1.0, float("nan"), progress, not success, 1.0, None)
+
+    records = [rec(0.0, "forward", False, 0.35), rec(0.5, "forward", False, 0.87), rec(0.5, "forward", True, 1.0),
+               rec(0.5, "reverse", False, 0.15), rec(0.0, "reverse", False, 0.25)]  # fmt: skip
+    # forward ends at 0.35 and 0.37 (section 3 of 10); reverse at 0.35 (section 3) and 0.75 (section 7)
+    assert [r.end_position for r in records] == pytest.approx([0.35, 0.37, 0.5, 0.35, 0.75])
+    out = failures_by_section(records)
+    assert out["forward"] == [0, 0, 0, 2, 0, 0, 0, 0, 0, 0]
+    assert out["reverse"] == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
+    assert failure_line(out) == "0.3–0.4: 2 fwd / 1 rev, 0.7–0.8: 0 fwd / 1 rev"
+    assert failure_line(failures_by_section([rec(0.0, "forward", True, 1.0)])) == ""
 
 
 def test_completion_by_factor_hand_example():
