@@ -109,10 +109,7 @@ def main(cfg: EvaluateConfig) -> dict:
             entry = {
                 "metrics": metrics,
                 "optimal_lap_time": env.optimal_lap_time,
-                "episodes": [
-                    {k: getattr(r, k) for k in ("start", "direction", "success", "lap_time", "progress", "offtrack")}
-                    for r in records
-                ],
+                "episodes": [{k: getattr(r, k) for k in EPISODE_FIELDS} for r in records],
                 "by_factor": completion_by_factor(records),
                 "failures_by_section": failures_by_section(records),
             }
@@ -154,6 +151,10 @@ def main(cfg: EvaluateConfig) -> dict:
     write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/] (eval.json, trajectories_*.png)")
     return results
+
+
+EPISODE_FIELDS = ("start", "direction", "success", "lap_time", "progress", "offtrack", "end_position", "factors")
+"""what `eval.json` keeps of each episode (`factors`: its world in physical units; `end_position`: lap fraction)"""
 
 
 def failure_line(by_section: dict[str, list[int]]) -> str:

@@ -151,6 +151,11 @@ def test_train_teacher_smoke_subprocess(tmp_path):
     assert {"friction", "motor_gain", "action_latency"} <= set(entry["by_factor"])
     assert sum(r["episodes"] for r in entry["by_factor"]["friction"]) == len(entry["episodes"])
     assert "lap completion by world factor" in proc.stdout
+    # Each episode keeps its world and where it ended; the failures by section count the failed ones.
+    first = entry["episodes"][0]
+    assert set(first["factors"]) >= {"friction", "motor_gain"} and 0.0 <= first["end_position"] < 1.0
+    failed = sum(not e["success"] for e in entry["episodes"])
+    assert sum(map(sum, entry["failures_by_section"].values())) == failed
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint", str(tmp_path / "nope.pt")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
