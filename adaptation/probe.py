@@ -47,13 +47,10 @@ def collect_features(
             if "estimates" in batch.heads:
                 est = denormalize_estimates(batch.heads["estimates"])
                 parts["estimates"] = torch.stack([est[name] for name in ESTIMATES], -1)
+            keeps = [np.asarray(batch.cols["step"][a:b_]) >= min_step for a, b_ in batch.spans]
             for name, x in parts.items():
-                rows = batch.unpad(x)
-                for (a, _), r in zip(batch.spans, rows):
-                    keep = torch.from_numpy(np.asarray(batch.cols["step"][a : a + len(r)]) >= min_step)
-                    out[name].append(r[keep])
-            for a, b_ in batch.spans:
-                keep = np.asarray(batch.cols["step"][a:b_]) >= min_step
+                out[name].extend(r[torch.from_numpy(k)] for r, k in zip(batch.unpad(x), keeps))
+            for (a, b_), keep in zip(batch.spans, keeps):
                 out["targets"].append(torch.from_numpy(np.asarray(batch.cols["targets"][a:b_])[keep]))
                 out["episode"].append(torch.from_numpy(np.asarray(batch.cols["episode"][a:b_])[keep].astype(np.int64)))
     finally:
