@@ -90,8 +90,9 @@ class SelectConfig:
     out_dir: str = ""
     """where the report goes (empty: <run-dir>/transfer)"""
     reuse_scores: bool = True
-    """reuse the scores of checkpoints already scored with the same settings (<out-dir>/scores.json, written after
-    every checkpoint): a stopped selection continues where it stopped"""
+    """reuse each checkpoint's evaluations already made with the same settings (<out-dir>/scores.json, written after
+    every evaluation): a stopped selection continues where it stopped, and changing one evaluation's settings
+    re-scores only that evaluation"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def __post_init__(self) -> None:
@@ -123,35 +124,72 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     return chosen
 
 
+SCORE_INPUTS = {
+    "robust": ("action_noise", "robust"),
+    "fixed_lap": ("fixed_lap",),
+    "sim2sim": ("action_noise", "robust"),
+    "proxy": ("proxy", "reality"),
+}
+"""the settings each evaluation's episodes depend on (besides the checkpoint and the run's own world)"""
+
+
+def _score_key(settings: dict[str, str], name: str) -> str:
+    return "".join(f"{part}:\n{settings[part]}" for part in SCORE_INPUTS[name])
+
+
 class ScoreCache:
-    """Per-checkpoint scores in `scores.json`, rewritten atomically after every checkpoint. An entry is reused only
-    for the same file (path, size, modification time) scored with the same evaluation settings; the evaluations are
-    seeded, so a reused row equals what scoring again would give."""
+    """Per-checkpoint scores in `scores.json`, rewritten atomically after every evaluation of every checkpoint.
+
+    An evaluation's score is reused only for the same file (path, size, modification time) evaluated with the same
+    settings of that evaluation (`SCORE_INPUTS`): asking for more robust episodes scores the robust evaluation again
+    and keeps the proxy's laps, and a selection stopped halfway through a checkpoint keeps the evaluations it finished.
+    The evaluations are seeded, so a reused score equals what scoring again would give."""
 
     def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:
         self.path = path
-        names = ("action_noise", "robust", "fixed_lap", "proxy", "reality", *(("sim2sim",) if cfg.sim2sim else ()))
-        self.key = {name: to_yaml(getattr(cfg, name)) for name in names}  # caches written before --sim2sim still match
+        settings = {
+            part: to_yaml(getattr(cfg, part)) for part in ("action_noise", "robust", "fixed_lap", "proxy", "reality")
+        }
+        names = ("robust", "fixed_lap", *(("sim2sim",) if cfg.sim2sim else ()), "proxy")
+        self.keys = {name: _score_key(settings, name) for name in names}
         self.rows: dict[str, dict] = {}
         if enabled and path.is_file():
             try:
                 saved = json.loads(path.read_text())
             except (OSError, ValueError):
                 saved = {}
-            if saved.get("key") == self.key:
-                self.rows = saved.get("rows", {})
+            rows = saved.get("rows", {}) if isinstance(saved, dict) else {}
+            old = saved.get("key") if isinstance(saved, dict) else None
+            if isinstance(old, dict):  # an older file: one key for the whole row
+                for row in rows.values():
+                    row["scored"] = {
+                        name: _score_key(old, name)
+                        for name in SCORE_INPUTS
+                        if name in row and all(part in old for part in SCORE_INPUTS[name])
+                    }
+            self.rows = rows if isinstance(rows, dict) else {}
 
     @staticmethod
     def _stamp(checkpoint: Path) -> str:
         st = checkpoint.stat()
         return f"{checkpoint.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
-    def get(self, checkpoint: Path) -> dict | None:
-        return self.rows.get(self._stamp(checkpoint))
+    def get(self, checkpoint: Path) -> dict:
+        """The checkpoint's evaluations still valid: `{name: metrics, name_episodes: …, name_seconds: …}` for each."""
+        row = self.rows.get(self._stamp(checkpoint), {})
+        scored = row.get("scored", {})
+        out = {}
+        for name, key in self.keys.items():
+            if scored.get(name) == key and name in row:
+                out.update({k: row[k] for k in (name, f"{name}_episodes", f"{name}_seconds") if k in row})
+        return out
 
-    def put(self, checkpoint: Path, row: dict) -> None:
-        self.rows[self._stamp(checkpoint)] = row
-        write_text_atomic(self.path, json.dumps({"key": self.key, "rows": self.rows}, default=float))
+    def put(self, checkpoint: Path, name: str, parts: dict) -> None:
+        """Store one evaluation of a checkpoint (`parts`: its metrics, per-episode scores and seconds)."""
+        row = self.rows.setdefault(self._stamp(checkpoint), {})
+        row.update(parts)
+        row.setdefault("scored", {})[name] = self.keys[name]
+        write_text_atomic(self.path, json.dumps({"version": 2, "rows": self.rows}, default=float))
 
 
 def selection_scores(rows: list[dict], select_by: str) -> list[float]:
@@ -180,21 +218,25 @@ def main(cfg: SelectConfig) -> dict:
     cache = ScoreCache(out / "scores.json", cfg, cfg.reuse_scores)
     try:
         for i, path in enumerate(paths):
-            row = cache.get(path)
-            reused = row is not None
-            if row is None:
-                policy = load_policy(str(path))
-                row = {"checkpoint": str(path), "name": path.stem}
-                for name, evaluator in evaluators.items():
-                    t = time.time()
-                    metrics, records = evaluator(policy)
-                    row[name] = metrics
-                    row[f"{name}_episodes"] = episode_scores(records)
-                    row[f"{name}_seconds"] = time.time() - t
-                cache.put(path, row)
+            row = {"checkpoint": str(path), "name": path.stem, **cache.get(path)}
+            missing = [name for name in evaluators if name not in row]
+            reused = len(missing) < len(evaluators)
+            policy = load_policy(str(path)) if missing else None
+            for name in missing:
+                t = time.time()
+                metrics, records = evaluators[name](policy)
+                parts = {name: metrics, f"{name}_episodes": episode_scores(records), f"{name}_seconds": time.time() - t}
+                row.update(parts)
+                cache.put(path, name, parts)
             rows.append(row)
             console.print(
-                ("(scored before) " if reused else "")
+                (
+                    "(scored before) "
+                    if not missing
+                    else f"(kept {len(evaluators) - len(missing)} scores) "
+                    if reused
+                    else ""
+                )
                 + f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
                 f"{row['fixed_lap']['score']:.3f}, "
                 + (f"sim2sim {row['sim2sim']['score']:.3f}, " if "sim2sim" in row else "")

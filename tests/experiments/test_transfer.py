@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
+from envs.config_io import to_yaml
 from experiments.transfer import (
     pick_best,
     pick_consecutive_good,
@@ -142,7 +143,8 @@ def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
         plt.close(fig)
 
 
-def test_score_cache_reuses_a_checkpoint_only_unchanged_and_with_the_same_settings(tmp_path):
+def test_score_cache_reuses_an_evaluation_only_unchanged_and_with_its_own_settings(tmp_path):
+    import json
     import os
 
     from experiments.select_checkpoint import PRESETS, ScoreCache
@@ -151,18 +153,32 @@ def test_score_cache_reuses_a_checkpoint_only_unchanged_and_with_the_same_settin
     ckpt = tmp_path / "round_001.pt"
     ckpt.write_bytes(b"weights")
     cache = ScoreCache(tmp_path / "scores.json", cfg)
-    cache.put(ckpt, {"name": "round_001", "proxy": {"score": 0.5}})
-    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)["proxy"]["score"] == 0.5
-    assert ScoreCache(tmp_path / "scores.json", cfg, enabled=False).get(ckpt) is None
+    cache.put(ckpt, "proxy", {"proxy": {"score": 0.5}, "proxy_episodes": [0.5], "proxy_seconds": 1.0})
+    cache.put(ckpt, "robust", {"robust": {"score": 0.7}, "robust_episodes": [0.7], "robust_seconds": 1.0})
+    got = ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)
+    assert got == {"proxy": {"score": 0.5}, "proxy_episodes": [0.5], "proxy_seconds": 1.0,
+                   "robust": {"score": 0.7}, "robust_episodes": [0.7], "robust_seconds": 1.0}  # fmt: skip
+    assert ScoreCache(tmp_path / "scores.json", cfg, enabled=False).get(ckpt) == {}
+    more_robust = replace(cfg, robust=replace(cfg.robust, repeats=cfg.robust.repeats + 1))
+    assert set(ScoreCache(tmp_path / "scores.json", more_robust).get(ckpt)) == {"proxy", "proxy_episodes",
+                                                                                "proxy_seconds"}  # fmt: skip
+    noisier = replace(cfg, action_noise=0.2)
+    assert "robust" not in ScoreCache(tmp_path / "scores.json", noisier).get(ckpt), "the noise changes robust episodes"
     other = replace(cfg, proxy=replace(cfg.proxy, seed=cfg.proxy.seed + 1))
-    assert ScoreCache(tmp_path / "scores.json", other).get(ckpt) is None, "other episodes: score again"
-    with_s2s = replace(cfg, sim2sim=True)
-    assert ScoreCache(tmp_path / "scores.json", with_s2s).get(ckpt) is None, "rows without the sim-to-sim score"
+    assert set(ScoreCache(tmp_path / "scores.json", other).get(ckpt)) == {"robust", "robust_episodes", "robust_seconds"}
     st = ckpt.stat()
     os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None, "a rewritten checkpoint is scored again"
+    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) == {}, "a rewritten checkpoint is scored again"
     (tmp_path / "scores.json").write_text("{not json")
-    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) is None
+    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) == {}
+    # a file written with one key for whole rows: each evaluation is kept under the settings it was scored with
+    settings = {k: to_yaml(getattr(cfg, k)) for k in ("action_noise", "robust", "fixed_lap", "proxy", "reality")}
+    row = {"checkpoint": str(ckpt), "name": "round_001", "robust": {"score": 0.7}, "proxy": {"score": 0.5}}
+    st = ckpt.stat()
+    stamp = f"{ckpt.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    (tmp_path / "scores.json").write_text(json.dumps({"key": settings, "rows": {stamp: row}}))
+    assert set(ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)) == {"robust", "proxy"}
+    assert set(ScoreCache(tmp_path / "scores.json", more_robust).get(ckpt)) == {"proxy"}
 
 
 def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag():

@@ -160,6 +160,16 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert proc.returncode == 0 and proc.stdout.count("scored before") == 2, proc.stdout[-2000:]
     again = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
     assert [r["proxy"]["score"] for r in again["checkpoints"]] == [r["proxy"]["score"] for r in report["checkpoints"]]
+    # More robust episodes: only the robust evaluation is scored again; the fixed lap and the proxy laps are kept.
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s"),
+         "--robust.repeats", "2", "--no-decompose"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.count("(kept 2 scores)") == 2, proc.stdout[-2000:]
+    more = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
+    assert [len(r["robust_episodes"]) for r in more["checkpoints"]] == [4, 4]
+    assert [r["proxy_episodes"] for r in more["checkpoints"]] == [r["proxy_episodes"] for r in report["checkpoints"]]
     assert 0.0 <= report["agreement"]["agreement"] <= 1.0 and report["agreement"]["steps"] > 0
     assert (tmp_path / "s" / "transfer" / "transfer_scatter.png").stat().st_size > 5_000
     # A tiny robust evaluation in the sim and the proxy.
