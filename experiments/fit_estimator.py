@@ -30,6 +30,14 @@ from experiments.cli import run
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 
+ESTIMATOR_SUFFIX = "_estimator"
+"""the default output sits next to its checkpoint, named with this suffix (checkpoint selection skips such files: the
+policy is the checkpoint's own)"""
+
+
+def estimator_path(checkpoint: Path) -> Path:
+    return checkpoint.with_name(f"{checkpoint.stem}{ESTIMATOR_SUFFIX}{checkpoint.suffix}")
+
 
 @dataclass(frozen=True)
 class FitEstimatorConfig:
@@ -74,7 +82,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     ckpt = Path(cfg.checkpoint)
     data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)
-    out = Path(cfg.out) if cfg.out else ckpt.with_name(f"{ckpt.stem}_estimator{ckpt.suffix}")
+    out = Path(cfg.out) if cfg.out else estimator_path(ckpt)
     console = Console()
     student = load_student(ckpt)
     model = student.model

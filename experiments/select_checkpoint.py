@@ -32,6 +32,7 @@ from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, flatten, reality_env_config
 from experiments.cli import run
 from experiments.evaluate import load_policy
+from experiments.fit_estimator import ESTIMATOR_SUFFIX
 from experiments.transfer import (
     FIXED_LAP_EVAL,
     ROBUST_EVAL,
@@ -110,7 +111,11 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     if cfg.checkpoints:
         paths = [Path(p) for p in cfg.checkpoints]
     elif cfg.run_dir:
-        paths = sorted((Path(cfg.run_dir) / "checkpoints").glob("*.pt"))
+        # A refitted factor estimator (experiments.fit_estimator) drives with its checkpoint's policy: not a checkpoint
+        # of its own, and a copy would count twice in the rank correlation.
+        paths = sorted(
+            p for p in (Path(cfg.run_dir) / "checkpoints").glob("*.pt") if not p.stem.endswith(ESTIMATOR_SUFFIX)
+        )
     else:
         raise ConfigError("give --run-dir or --checkpoints")
     missing = [str(p) for p in paths if not p.is_file()]

@@ -204,3 +204,18 @@ def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag()
     ]
     assert selection_scores(rows, "both") == pytest.approx([0.7, 0.75])
     assert selection_scores(rows, "sim2sim") == [0.8, 0.5]
+
+
+def test_selection_finds_a_runs_checkpoints_but_not_its_refitted_estimators(tmp_path):
+    from experiments.fit_estimator import estimator_path
+    from experiments.select_checkpoint import SelectConfig, find_checkpoints
+
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    for name in ("round_001.pt", "round_002.pt", "round_003.pt"):
+        (ckpts / name).write_bytes(b"weights")
+    estimator_path(ckpts / "round_003.pt").write_bytes(b"weights")
+    assert [p.name for p in find_checkpoints(SelectConfig(run_dir=str(tmp_path)))] == [
+        "round_001.pt", "round_002.pt", "round_003.pt"]  # fmt: skip
+    assert [p.name for p in find_checkpoints(SelectConfig(run_dir=str(tmp_path), every=2))] == [
+        "round_001.pt", "round_003.pt"]  # fmt: skip
