@@ -197,6 +197,31 @@ class ScoreCache:
         write_text_atomic(self.path, json.dumps({"version": 2, "rows": self.rows}, default=float))
 
 
+class Evaluators:
+    """The selection's evaluation envs by name, each built on first use (a Genesis proxy scene takes minutes to build
+    for many laps; a selection whose scores all come from `scores.json` builds none)."""
+
+    def __init__(self, configs: dict[str, tuple]) -> None:
+        self.configs = configs
+        self.built: dict[str, Evaluator] = {}
+
+    def __iter__(self):
+        return iter(self.configs)
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def __getitem__(self, name: str) -> Evaluator:
+        if name not in self.built:
+            self.built[name] = Evaluator(*self.configs[name])
+        return self.built[name]
+
+    def close(self) -> None:
+        for evaluator in self.built.values():
+            evaluator.close()
+        self.built.clear()
+
+
 def selection_scores(rows: list[dict], select_by: str) -> list[float]:
     """Each checkpoint's sim score for the selection rules: robust, sim2sim, or both (their mean: the same episodes
     on the two physics engines)."""
@@ -213,12 +238,12 @@ def main(cfg: SelectConfig) -> dict:
     first = load_policy(str(paths[0]))
     env_cfg = first.env_cfg
     t0 = time.time()
-    evaluators = {
-        "robust": Evaluator(robust_env_config(env_cfg, cfg.action_noise), cfg.robust),
-        "fixed_lap": Evaluator(fixed_lap_env_config(env_cfg), cfg.fixed_lap),
-        **({"sim2sim": Evaluator(sim2sim_env_config(env_cfg, cfg.action_noise), cfg.robust)} if cfg.sim2sim else {}),
-        "proxy": Evaluator(reality_env_config(env_cfg, cfg.reality), cfg.proxy),
-    }
+    evaluators = Evaluators({
+        "robust": (robust_env_config(env_cfg, cfg.action_noise), cfg.robust),
+        "fixed_lap": (fixed_lap_env_config(env_cfg), cfg.fixed_lap),
+        **({"sim2sim": (sim2sim_env_config(env_cfg, cfg.action_noise), cfg.robust)} if cfg.sim2sim else {}),
+        "proxy": (reality_env_config(env_cfg, cfg.reality), cfg.proxy),
+    })  # fmt: skip
     rows = []
     cache = ScoreCache(out / "scores.json", cfg, cfg.reuse_scores)
     try:
@@ -249,8 +274,7 @@ def main(cfg: SelectConfig) -> dict:
                 f"(laps {row['proxy']['lap_completion']:.0%}, {row['proxy_seconds']:.0f} s)"
             )
     except BaseException:
-        for evaluator in evaluators.values():
-            evaluator.close()
+        evaluators.close()
         raise
     robust = [r["robust"]["score"] for r in rows]
     fixed = [r["fixed_lap"]["score"] for r in rows]
@@ -306,8 +330,7 @@ def main(cfg: SelectConfig) -> dict:
                     frames_out=str(out / "transfer_frames.png"),
                 )
     finally:
-        for evaluator in evaluators.values():
-            evaluator.close()
+        evaluators.close()
     write_text_atomic(out / "transfer.json", json.dumps(result, indent=2, default=float))
     files = write_report(result, out)
     logger = RunLogger(replace(cfg.wandb, tags=(*cfg.wandb.tags, "transfer")), out, f"transfer-{out.parent.name}", cfg)
