@@ -250,7 +250,6 @@ def main(cfg: SelectConfig) -> dict:
         for i, path in enumerate(paths):
             row = {"checkpoint": str(path), "name": path.stem, **cache.get(path)}
             missing = [name for name in evaluators if name not in row]
-            reused = len(missing) < len(evaluators)
             policy = load_policy(str(path)) if missing else None
             for name in missing:
                 t = time.time()
@@ -259,15 +258,10 @@ def main(cfg: SelectConfig) -> dict:
                 row.update(parts)
                 cache.put(path, name, parts)
             rows.append(row)
+            kept = len(evaluators) - len(missing)
+            reuse_tag = "(scored before) " if not missing else f"(kept {kept} scores) " if kept else ""
             console.print(
-                (
-                    "(scored before) "
-                    if not missing
-                    else f"(kept {len(evaluators) - len(missing)} scores) "
-                    if reused
-                    else ""
-                )
-                + f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
+                reuse_tag + f"[{i + 1}/{len(paths)}] {path.name}: robust {row['robust']['score']:.3f}, fixed lap "
                 f"{row['fixed_lap']['score']:.3f}, "
                 + (f"sim2sim {row['sim2sim']['score']:.3f}, " if "sim2sim" in row else "")
                 + f"proxy {row['proxy']['score']:.3f} "
