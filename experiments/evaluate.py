@@ -56,6 +56,9 @@ class EvaluateConfig:
     """episodes: start points, directions, repeats, laps, seed"""
     out_dir: str = "outputs/evaluate"
     """where the JSON and plots go"""
+    max_speed_percent: float = 100.0
+    """the car's maximum-speed setting (%) in every world evaluated, as on the DeepRacer device console: speed commands
+    are scaled by it at the car (train with a higher top speed, race with it turned down)"""
     estimation: bool = True
     """students: also score the online estimates by time since reset, and run the mid-episode shift tests"""
     estimation_envs: int = 128
@@ -64,25 +67,31 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         check_range("estimation_envs", self.estimation_envs, 1, 100_000)
+        check_range("max_speed_percent", self.max_speed_percent, 10.0, 100.0)
 
 
-def load_policy(path: str):
+def load_policy(path: str, max_speed_percent: float | None = None):
     """Any saved policy -> an object with `.act(obs)`, `.env_cfg`, `.check_env(env)` (and `.reset(dones)` if it has
-    recurrent state)."""
+    recurrent state). `max_speed_percent` puts the car's maximum-speed setting into its env config, so every
+    evaluation env built from it drives the car at that setting."""
     data = load_checkpoint(path)
     kind = data.get("kind")
     if kind == TEACHER_KIND:
-        return load_teacher(path)
-    if kind == STUDENT_KIND:
-        return load_student(path)
-    raise CheckpointError(f"{path}: unknown policy kind {kind!r}")
+        policy = load_teacher(path)
+    elif kind == STUDENT_KIND:
+        policy = load_student(path)
+    else:
+        raise CheckpointError(f"{path}: unknown policy kind {kind!r}")
+    if max_speed_percent is not None:
+        policy.env_cfg = replace(policy.env_cfg, max_speed_percent=max_speed_percent)
+    return policy
 
 
 def main(cfg: EvaluateConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required")
     console = Console()
-    policy = load_policy(cfg.checkpoint)
+    policy = load_policy(cfg.checkpoint, cfg.max_speed_percent)
     sim = policy.env_cfg
     if cfg.physics:
         sim = replace(sim, physics=cfg.physics)
@@ -97,8 +106,12 @@ def main(cfg: EvaluateConfig) -> dict:
         if cfg.world == "proxy":
             del worlds["sim"]
     out = Path(cfg.out_dir)
-    results: dict = {"checkpoint": cfg.checkpoint, "conditions": cfg.conditions, "worlds": {}, "tracks": {}}
-    table = Table(title=f"{Path(cfg.checkpoint).name}: {cfg.eval.num_episodes} episodes per row")
+    results: dict = {
+        "checkpoint": cfg.checkpoint, "conditions": cfg.conditions, "max_speed_percent": cfg.max_speed_percent,
+        "worlds": {}, "tracks": {},
+    }  # fmt: skip
+    speed = f", car at {cfg.max_speed_percent:g}% of its top speed" if cfg.max_speed_percent != 100.0 else ""
+    table = Table(title=f"{Path(cfg.checkpoint).name}: {cfg.eval.num_episodes} episodes per row{speed}")
     for col in ("world", "track", "laps (fwd / rev)", "95% CI", "lap time (s)", "lap / optimal", "progress",
                 "off-track"):  # fmt: skip
         table.add_column(col)

@@ -47,6 +47,8 @@ class RunCarConfig:
     """where this run's real log goes"""
     calibration: str = ""
     """calibration JSON (command -> measured steering and speed)"""
+    max_speed_percent: float = 100.0
+    """the car's maximum-speed setting (%), as on the DeepRacer device console: every speed command is scaled by it"""
     loop: LoopConfig = field(default_factory=lambda: LoopConfig(max_steps=450))
     """rate and watchdog"""
     sim: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=1, camera="projective"))
@@ -76,8 +78,9 @@ class SimCar:
         else:
             lo, hi = self.env.action_space.steering_range
             s_lo, s_hi = self.env.action_space.speed_range
+            chosen = cmd.speed * 100.0 / self.env.cfg.max_speed_percent  # the env applies the speed setting itself
             action = torch.tensor(
-                [[2 * (cmd.steering_deg - lo) / (hi - lo) - 1, 2 * (cmd.speed - s_lo) / (s_hi - s_lo) - 1]]
+                [[2 * (cmd.steering_deg - lo) / (hi - lo) - 1, 2 * (chosen - s_lo) / (s_hi - s_lo) - 1]]
             )
         self.obs, _, _, extras = self.env.step(action)
         if bool(extras["new_lap"][0]):
@@ -122,12 +125,17 @@ def drive_torch(checkpoint: str, env_cfg: EnvConfig, steps: int) -> dict:
 
 def main(cfg: RunCarConfig) -> dict:
     console = Console()
-    runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration)
+    runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration, cfg.max_speed_percent)
     log = RealLogWriter(cfg.log_out, attrs={"export": str(Path(cfg.export).resolve()), "source": cfg.source})
-    summary: dict = {"source": cfg.source, "backend": cfg.backend}
+    summary: dict = {"source": cfg.source, "backend": cfg.backend, "max_speed_percent": cfg.max_speed_percent}
     try:
         if cfg.source == "sim":
-            env_cfg = replace(cfg.sim, num_envs=1, camera=cfg.sim.camera if cfg.sim.camera != "none" else "projective")
+            env_cfg = replace(
+                cfg.sim,
+                num_envs=1,
+                camera=cfg.sim.camera if cfg.sim.camera != "none" else "projective",
+                max_speed_percent=cfg.max_speed_percent,
+            )
             car = SimCar(RacingEnv(env_cfg))
             if car.env.action_space != runtime.action_space:
                 raise ConfigError("the sim's action space differs from the export's model_metadata.json")

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -80,6 +81,9 @@ class SelectConfig:
     """consecutive-good rule: a checkpoint is good within this score margin of the best"""
     min_run: int = 2
     """consecutive-good rule: shortest run that counts"""
+    max_speed_percent: float = 100.0
+    """the car's maximum-speed setting (%) in every evaluation, as on the DeepRacer device console (speed commands are
+    scaled by it at the car): select for the setting the car will race at"""
     sim2sim: bool = False
     """also score the robust episodes on the second physics engine (the Genesis car at the training step, training
     camera and randomization): a sim-to-sim check of each checkpoint, reported beside the robust score"""
@@ -101,6 +105,7 @@ class SelectConfig:
         check_range("action_noise", self.action_noise, 0.0, 0.5)
         check_range("good_margin", self.good_margin, 0.0, 1.0)
         check_range("min_run", self.min_run, 1, 1000)
+        check_range("max_speed_percent", self.max_speed_percent, 10.0, 100.0)
         if self.select_by not in ("robust", "sim2sim", "both"):
             raise ConfigError(f"select_by={self.select_by!r}; use robust, sim2sim or both")
         if self.select_by != "robust" and not self.sim2sim:
@@ -135,11 +140,12 @@ SCORE_INPUTS = {
     "sim2sim": ("action_noise", "robust"),
     "proxy": ("proxy", "reality"),
 }
-"""the settings each evaluation's episodes depend on (besides the checkpoint and the run's own world)"""
+"""the settings each evaluation's episodes depend on (besides the checkpoint, the run's own world and the car's speed
+setting, which every evaluation depends on)"""
 
 
 def _score_key(settings: dict[str, str], name: str) -> str:
-    return "".join(f"{part}:\n{settings[part]}" for part in SCORE_INPUTS[name])
+    return "".join(f"{part}:\n{settings[part]}" for part in SCORE_INPUTS[name]) + settings.get("car", "")
 
 
 class ScoreCache:
@@ -155,6 +161,8 @@ class ScoreCache:
         settings = {
             part: to_yaml(getattr(cfg, part)) for part in ("action_noise", "robust", "fixed_lap", "proxy", "reality")
         }
+        if cfg.max_speed_percent != 100.0:  # every evaluation drives the car at this setting (100: keys as before)
+            settings["car"] = f"max_speed_percent:\n{cfg.max_speed_percent}"
         names = ("robust", "fixed_lap", *(("sim2sim",) if cfg.sim2sim else ()), "proxy")
         self.keys = {name: _score_key(settings, name) for name in names}
         self.rows: dict[str, dict] = {}
@@ -235,7 +243,8 @@ def main(cfg: SelectConfig) -> dict:
     paths = find_checkpoints(cfg)
     out = Path(cfg.out_dir or Path(cfg.run_dir or paths[0].parent.parent) / "transfer")
     out.mkdir(parents=True, exist_ok=True)
-    first = load_policy(str(paths[0]))
+    load = partial(load_policy, max_speed_percent=cfg.max_speed_percent)
+    first = load(str(paths[0]))
     env_cfg = first.env_cfg
     t0 = time.time()
     evaluators = Evaluators({
@@ -250,7 +259,7 @@ def main(cfg: SelectConfig) -> dict:
         for i, path in enumerate(paths):
             row = {"checkpoint": str(path), "name": path.stem, **cache.get(path)}
             missing = [name for name in evaluators if name not in row]
-            policy = load_policy(str(path)) if missing else None
+            policy = load(str(path)) if missing else None
             for name in missing:
                 t = time.time()
                 metrics, records = evaluators[name](policy)
@@ -296,6 +305,7 @@ def main(cfg: SelectConfig) -> dict:
                         for name in ("robust", "proxy", *(("sim2sim",) if cfg.sim2sim else ()))},
         "best_proxy": {"index": int(proxy.index(best_proxy)), "score": best_proxy},
         "reality": {k: str(v) for k, v in flatten(cfg.reality.resolved()).items()},
+        "max_speed_percent": cfg.max_speed_percent,
         "scoring_seconds": time.time() - t0,
     }  # fmt: skip
     if cfg.sim2sim:
@@ -311,12 +321,12 @@ def main(cfg: SelectConfig) -> dict:
         if cfg.decompose:
             row = rows[picks["consecutive-good"]["index"]]
             chosen = row["checkpoint"]
-            parts = decompose_gap(load_policy, chosen, cfg.reality, cfg.proxy, known={"all": row["proxy"]})
+            parts = decompose_gap(load, chosen, cfg.reality, cfg.proxy, known={"all": row["proxy"]})
             result["gap"] = {"checkpoint": chosen, **parts}
             if hasattr(first, "model"):
                 proxy_env = evaluators["proxy"].env
                 result["agreement"] = action_agreement(
-                    load_policy,
+                    load,
                     chosen,
                     cfg.reality,
                     cfg.proxy,

@@ -106,12 +106,14 @@ def write_report(result: dict, out: Path) -> list[Path]:
     plt.close(fig)
 
     tied = indistinguishable_from_best(rows, result["best_proxy"]["index"])
+    pct = result.get("max_speed_percent", 100.0)
+    speed = f"; the car at {pct:g}% of its top speed in every evaluation" if pct != 100.0 else ""
     lines = [
         f"# Transfer report: {result.get('run') or 'checkpoints'}",
         "",
         f"Reality proxy: variant `{result['reality']['variant']}`, physics `{result['reality']['physics']}` "
         f"(substeps {result['reality']['substeps']}), camera `{result['reality']['camera']}` "
-        f"(lens `{result['reality']['lens']}`).",
+        f"(lens `{result['reality']['lens']}`){speed}.",
         "",
         f"- Spearman, robust sim score vs proxy score: **{_fmt(result['spearman_robust_vs_proxy'])}**"
         + _interval(result, "spearman_robust_vs_proxy"),

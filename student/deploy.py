@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from envs.errors import GapbridgeError
+from envs.errors import GapbridgeError, check_range
 from envs.racing.car import ActionSpace, Calibration
 
 REQUIRED_FILES = ("student.onnx", "model_metadata.json", "export.json")
@@ -89,7 +89,16 @@ class Command:
 class StudentRuntime:
     """Loads an export folder, validates it, and maps frames to calibrated commands with explicit state."""
 
-    def __init__(self, folder: str | Path, backend: str = "onnx", threads: int = 1, calibration: str = "") -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        backend: str = "onnx",
+        threads: int = 1,
+        calibration: str = "",
+        max_speed_percent: float = 100.0,
+    ) -> None:
+        check_range("max_speed_percent", max_speed_percent, 10.0, 100.0)
+        self.max_speed_percent = max_speed_percent
         self.folder = Path(folder)
         for name in REQUIRED_FILES:
             if not (self.folder / name).is_file():
@@ -146,7 +155,8 @@ class StudentRuntime:
         return out
 
     def command(self, outputs: dict[str, np.ndarray]) -> Command:
-        """Outputs -> calibrated command; updates the previous-action input like the env's `proprio` group."""
+        """Outputs -> calibrated command at the car's speed setting; updates the previous-action input like the env's
+        `proprio` group."""
         import torch
 
         space = self.action_space
@@ -163,7 +173,8 @@ class StudentRuntime:
         self.prev_action = np.array(
             [[np.radians(steer_deg) / np.radians(30.0), spd.item() / space.max_speed]], np.float32
         )
-        return Command(steer_deg, float(spd.item()), action)
+        # The car's maximum-speed setting scales what the car is sent; the previous-action input keeps the choice.
+        return Command(steer_deg, float(spd.item()) * self.max_speed_percent / 100.0, action)
 
 
 @dataclass(frozen=True)

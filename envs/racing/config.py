@@ -51,6 +51,9 @@ class EnvConfig:
     """named action space (default, console-default, fast-throttle, continuous) or model_metadata.json path"""
     calibration: str = ""
     """calibration JSON (command -> measured steering and speed); empty = identity"""
+    max_speed_percent: float = 100.0
+    """the car's maximum-speed setting (%), as on the DeepRacer device console: every speed command is scaled by it
+    at the car; the policy's previous-action input keeps the command it chose"""
     control_hz: float = 15.0
     """policy rate: one action per camera frame"""
     substeps: int = 4
@@ -82,6 +85,7 @@ class EnvConfig:
         check_range("env.num_envs", self.num_envs, 1, 1_000_000)
         check_range("env.control_hz", self.control_hz, 1.0, 200.0)
         check_range("env.substeps", self.substeps, 1, 64)
+        check_range("env.max_speed_percent", self.max_speed_percent, 10.0, 100.0)
         if self.physics not in ("bicycle", "genesis"):
             raise ConfigError(f"env.physics={self.physics!r}; use 'bicycle' or 'genesis'")
         if self.camera not in ("none", "projective", "genesis"):

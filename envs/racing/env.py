@@ -220,6 +220,8 @@ class RacingEnv:
         steer, speed = self.commands(actions)
         steer_cmd, speed_cmd = steer, speed
         action_obs = self.action_space.normalized(steer, speed, cfg.car.max_steering)
+        if cfg.max_speed_percent != 100.0:  # the car's speed setting: the policy does not see it
+            speed = speed * (cfg.max_speed_percent / 100.0)
         if cfg.randomization.action_noise:
             steer, speed = action_noise(steer, speed, self.world.action_noise, cfg.car.max_steering, self.generator)
         latency = self.world.action_latency

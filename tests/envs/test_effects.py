@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from envs.errors import ConfigError
 from envs.racing.effects import DelayLine, action_noise
 from envs.racing.env import RacingEnv
 from envs.racing.randomization import RandomizationConfig
@@ -65,3 +66,19 @@ def test_action_noise_scale_and_zero_scale_identity():
     s1, v1 = action_noise(steer, speed, torch.full((10000,), 0.1), 0.5, gen)
     assert s1.abs().max() <= 0.05 + 1e-6 and s1.abs().max() > 0.045
     assert 0.09 < (v1 / 2.0 - 1).abs().max() <= 0.1 + 1e-6
+
+
+def test_max_speed_setting_scales_the_car_and_not_the_policy_input():
+    """The car's maximum-speed setting at 60%: straight ahead at the 2.8 m/s action settles at 0.6 * 2.8 = 1.68 m/s
+    (first-order motor lag of 0.2 s: after 1.5 s e^-7.5 of the step is left), while the previous-action input still
+    says the fastest action (2.8 / 2.8 = 1)."""
+    env = RacingEnv(small_env_config(num_envs=1, max_speed_percent=60.0))
+    straight_fast = torch.tensor([[5.0]])
+    assert env.action_space.choices[5] == (0.0, 2.8)
+    for _ in range(22):
+        obs, _, dones, _ = env.step(straight_fast)
+        assert not dones.any()
+    assert env.physics.state.speed.item() == pytest.approx(1.68, rel=0.01)
+    assert obs["proprio"][0].tolist() == pytest.approx([0.0, 1.0])
+    with pytest.raises(ConfigError, match="env.max_speed_percent"):
+        small_env_config(max_speed_percent=120.0)

@@ -166,6 +166,8 @@ def test_score_cache_reuses_an_evaluation_only_unchanged_and_with_its_own_settin
     assert "robust" not in ScoreCache(tmp_path / "scores.json", noisier).get(ckpt), "the noise changes robust episodes"
     other = replace(cfg, proxy=replace(cfg.proxy, seed=cfg.proxy.seed + 1))
     assert set(ScoreCache(tmp_path / "scores.json", other).get(ckpt)) == {"robust", "robust_episodes", "robust_seconds"}
+    slower = replace(cfg, max_speed_percent=80.0)
+    assert ScoreCache(tmp_path / "scores.json", slower).get(ckpt) == {}, "the car's speed setting changes every score"
     st = ckpt.stat()
     os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) == {}, "a rewritten checkpoint is scored again"

@@ -13,6 +13,7 @@ import torch
 from datasets.checkpoints import save_atomic
 from datasets.real_log import RealLogWriter, read_real_log
 from envs.config_io import to_yaml
+from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, drive
@@ -185,3 +186,15 @@ def test_deploy_loop_drives_the_sim_through_the_export(exported, tmp_path):
                                    sim=ENV))  # fmt: skip
     assert summary["steps"] == 30 and summary["stopped"] == 0
     assert len(read_real_log(tmp_path / "sim_log.h5")["time"]) == 30
+
+
+def test_max_speed_setting_scales_the_command_sent_and_not_the_previous_action(exported):
+    out, _, _ = exported
+    full, slow = StudentRuntime(out), StudentRuntime(out, max_speed_percent=75.0)
+    frame = np.full((1, 1, 120, 160), 90.0, np.float32)
+    a, b = full.command(full.infer(frame)), slow.command(slow.infer(frame))
+    assert a.action == b.action and a.steering_deg == b.steering_deg
+    assert b.speed == pytest.approx(0.75 * a.speed) and min(abs(a.speed - 1.4), abs(a.speed - 2.8)) < 1e-6
+    np.testing.assert_array_equal(full.prev_action, slow.prev_action)
+    with pytest.raises(ConfigError, match="max_speed_percent"):
+        StudentRuntime(out, max_speed_percent=0.0)
