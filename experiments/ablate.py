@@ -8,8 +8,10 @@ Each variant is a set of field overrides of the stage's config (see VARIANTS); t
 onto them (reversed direction, random starts, action noise, augmentation types, dropout, entropy, max throttle).
 With `--proxy`, every variant's final policy is also evaluated in the reality proxy (`--proxy-reality.*`,
 `--proxy-eval.*`), which is where the transfer findings (augmentation, dropout, entropy, max throttle) show: the
-training sim cannot tell them apart. The proxy result is kept next to the run (`proxy.json`) and read back while the
-checkpoint and proxy settings are the same.
+training sim cannot tell them apart. `--proxy-top-speed 2.8` races every variant there at the same top speed through
+the car's maximum-speed setting (the fast-throttle variant at 78%), as the DeepRacer team raced models trained with a
+higher max throttle. The proxy result is kept next to the run (`proxy.json`) and read back while the checkpoint and
+proxy settings are the same.
 
 Results: `ablation.json` and `ablation.md` in the output directory.
 """
@@ -27,7 +29,7 @@ from rich.table import Table
 
 from envs.augment import AugmentConfig
 from envs.config_io import to_yaml, write_text_atomic
-from envs.errors import ConfigError
+from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
 from experiments import distill_student, train_teacher
@@ -76,6 +78,7 @@ SHORT = {
     "dagger_minutes": "min", "lap_time_ratio": "time/opt", "minutes": "min", "proxy/lap_completion": "proxy laps",
     "proxy/lap_completion_ci_low": "proxy lo", "proxy/lap_completion_ci_high": "proxy hi",
     "proxy/progress": "proxy progress", "proxy/lap_time_ratio": "proxy time/opt", "proxy/offtrack_count": "proxy off",
+    "proxy/max_speed_percent": "proxy speed %",
 }  # fmt: skip
 """terminal column headers (the Markdown and JSON keep the full names)"""
 
@@ -118,6 +121,13 @@ class AblateConfig:
     """the reality proxy of that evaluation"""
     proxy_eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=10, max_seconds=40.0, seed=7))
     """its episodes (default: 10 start points x both directions, 1 lap each)"""
+    proxy_top_speed: float = 0.0
+    """race every variant in the proxy at this top speed (m/s) through the car's maximum-speed setting, as the DeepRacer
+    team raced models trained with a higher max throttle (2.8: the fast-throttle variant, 3.6 m/s, at 78%); 0 = each
+    variant at its own action space's top speed"""
+
+    def __post_init__(self) -> None:
+        check_range("proxy_top_speed", self.proxy_top_speed, 0.0, 20.0)
 
 
 def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
@@ -157,19 +167,28 @@ def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     checkpoints = sorted((run_dir / "checkpoints").glob(pattern))
     if not checkpoints:
         raise ConfigError(f"{run_dir}: no checkpoints/{pattern} to evaluate in the reality proxy")
+    policy = load_policy(str(checkpoints[-1]))
+    top = policy.action_space.max_speed
+    percent = min(100.0, 100.0 * cfg.proxy_top_speed / top) if cfg.proxy_top_speed > 0 else 100.0
     key = {
         "checkpoint": checkpoints[-1].name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval),
-        "columns": list(PROXY_KEYS),
+        "columns": list(PROXY_KEYS), **({"max_speed_percent": percent} if cfg.proxy_top_speed > 0 else {}),
     }  # fmt: skip
     path = run_dir / "proxy.json"
     if path.exists():
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
             return saved["row"]
-    policy = load_policy(str(checkpoints[-1]))
+    if percent < 10.0:
+        raise ConfigError(
+            f"--proxy-top-speed {cfg.proxy_top_speed} is below 10% of {run_dir.name}'s top speed ({top} m/s)"
+        )
+    policy.env_cfg = replace(policy.env_cfg, max_speed_percent=percent)
     metrics, _, env = evaluate_one(policy, reality_env_config(policy.env_cfg, cfg.proxy_reality), cfg.proxy_eval)
     env.close()
     row = {f"proxy/{k}": float(metrics[k]) for k in PROXY_KEYS}
+    if cfg.proxy_top_speed > 0:
+        row["proxy/max_speed_percent"] = percent
     write_text_atomic(path, json.dumps({"key": key, "row": row}, indent=2))
     return row
 

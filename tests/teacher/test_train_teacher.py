@@ -195,3 +195,31 @@ def test_hidden_factors_do_not_reach_the_actor(tmp_path):
 def test_unknown_hidden_factor_is_refused():
     with pytest.raises(ConfigError, match="hidden_factors.*grip"):
         TeacherPolicyConfig(hidden_factors=("grip",))
+
+
+def test_ablation_races_every_variant_in_the_proxy_at_one_top_speed(tmp_path, monkeypatch):
+    """`--proxy-top-speed 2.1` races a policy of the default action space (top speed 2.8 m/s) at 75% in the proxy;
+    the proxy row records the setting and is read back only for the same setting."""
+    import experiments.evaluate
+    from experiments.ablate import PROXY_KEYS, AblateConfig, proxy_row
+
+    trainer(tmp_path / "base", 2).train(show_progress=False)
+    seen = []
+
+    class Closed:
+        def close(self):
+            pass
+
+    def fake_evaluate_one(policy, env_cfg, eval_cfg):
+        seen.append(env_cfg.max_speed_percent)
+        return {k: 0.5 for k in PROXY_KEYS}, [], Closed()
+
+    monkeypatch.setattr(experiments.evaluate, "evaluate_one", fake_evaluate_one)
+    cfg = AblateConfig(stage="teacher", proxy=True, proxy_top_speed=2.1)
+    row = proxy_row(cfg, tmp_path / "base")
+    assert seen == [pytest.approx(75.0)] and row["proxy/max_speed_percent"] == pytest.approx(75.0)
+    assert proxy_row(cfg, tmp_path / "base") == row and len(seen) == 1, "the same setting is read back"
+    own = proxy_row(replace(cfg, proxy_top_speed=0.0), tmp_path / "base")
+    assert seen[-1] == 100.0 and "proxy/max_speed_percent" not in own
+    with pytest.raises(ConfigError, match="proxy_top_speed"):
+        AblateConfig(proxy_top_speed=-1.0)
