@@ -25,6 +25,7 @@ from rich.table import Table
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
+from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig, completion_by_factor, failures_by_section
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
@@ -67,7 +68,7 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         check_range("estimation_envs", self.estimation_envs, 1, 100_000)
-        check_range("max_speed_percent", self.max_speed_percent, 10.0, 100.0)
+        check_range("max_speed_percent", self.max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
 
 
 def load_policy(path: str, max_speed_percent: float | None = None):

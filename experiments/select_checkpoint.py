@@ -29,6 +29,7 @@ from rich.console import Console
 
 from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError, check_range
+from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, flatten, reality_env_config
 from experiments.cli import run
@@ -105,7 +106,7 @@ class SelectConfig:
         check_range("action_noise", self.action_noise, 0.0, 0.5)
         check_range("good_margin", self.good_margin, 0.0, 1.0)
         check_range("min_run", self.min_run, 1, 1000)
-        check_range("max_speed_percent", self.max_speed_percent, 10.0, 100.0)
+        check_range("max_speed_percent", self.max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
         if self.select_by not in ("robust", "sim2sim", "both"):
             raise ConfigError(f"select_by={self.select_by!r}; use robust, sim2sim or both")
         if self.select_by != "robust" and not self.sim2sim:

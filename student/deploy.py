@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from envs.errors import GapbridgeError, check_range
-from envs.racing.car import ActionSpace, Calibration
+from envs.racing.car import MAX_SPEED_PERCENT_RANGE, ActionSpace, Calibration
 
 REQUIRED_FILES = ("student.onnx", "model_metadata.json", "export.json")
 
@@ -97,7 +97,7 @@ class StudentRuntime:
         calibration: str = "",
         max_speed_percent: float = 100.0,
     ) -> None:
-        check_range("max_speed_percent", max_speed_percent, 10.0, 100.0)
+        check_range("max_speed_percent", max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
         self.max_speed_percent = max_speed_percent
         self.folder = Path(folder)
         for name in REQUIRED_FILES:

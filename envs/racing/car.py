@@ -19,6 +19,9 @@ from torch import Tensor
 
 from envs.errors import ActionSpaceError, ConfigError, check_range
 
+MAX_SPEED_PERCENT_RANGE = (10.0, 100.0)
+"""allowed values of the car's maximum-speed setting (%), wherever it is set"""
+
 
 @dataclass(frozen=True)
 class CarSpec:

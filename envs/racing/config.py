@@ -7,7 +7,7 @@ from typing import Literal
 
 from envs.errors import ConfigError, check_range
 from envs.racing.camera import CameraConfig
-from envs.racing.car import CarSpec
+from envs.racing.car import MAX_SPEED_PERCENT_RANGE, CarSpec
 from envs.racing.effects import EffectsConfig
 from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import RandomizationConfig
@@ -85,7 +85,7 @@ class EnvConfig:
         check_range("env.num_envs", self.num_envs, 1, 1_000_000)
         check_range("env.control_hz", self.control_hz, 1.0, 200.0)
         check_range("env.substeps", self.substeps, 1, 64)
-        check_range("env.max_speed_percent", self.max_speed_percent, 10.0, 100.0)
+        check_range("env.max_speed_percent", self.max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
         if self.physics not in ("bicycle", "genesis"):
             raise ConfigError(f"env.physics={self.physics!r}; use 'bicycle' or 'genesis'")
         if self.camera not in ("none", "projective", "genesis"):
