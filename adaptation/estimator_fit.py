@@ -6,12 +6,20 @@ recorded episode at little cost. `episode_inputs` runs the (frozen) student over
 start, exactly as it runs on the car, and keeps the estimator's inputs and the true factors; `fit_estimator` trains
 the estimator alone on random windows of them, holding out every `holdout_every`-th episode to report what it does
 on episodes it never saw.
+
+A run records a few hundred episodes, one world (one friction, one motor gain) each: too few labels for the slow
+factors, which an estimator then learns per episode and not from the car's response. `simulated_inputs` adds as many
+worlds as wanted at little cost: the teacher drives the training world without a camera, blind to the factors the
+student cannot see, and the estimator's motion inputs are the true body velocities passed through the student's own
+errors (`MotionErrors`, measured on its replay: the linear map from truth to estimate, plus whole residual sequences
+of recorded episodes, so the errors keep their correlation in time and across the three velocities).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from adaptation.factor_estimator import FACTORS, FactorEstimator
+from adaptation.evaluation import estimate_targets
+from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
+from adaptation.observability import blind_factor, driving_env
 from datasets.rollouts import read_shards
 
 
@@ -109,6 +119,104 @@ def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: 
     return EpisodeInputs(*(torch.cat(out[k]) for k in ("inputs", "targets", "episode", "step")))
 
 
+EPISODE_FIELDS = ("inputs", "targets", "episode", "step")
+
+
+def _normalized_motion(targets: Tensor) -> Tensor:
+    """The true body velocities `(..., 3)` of `targets`, normalized as the history encoder estimates them."""
+    return torch.stack(
+        [(targets[..., TARGET_COLUMNS.index(n)] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for n in MOTION], -1
+    )
+
+
+def episode_spans(episode: Tensor) -> list[tuple[int, int]]:
+    """`[a, b)` row ranges of the contiguous episodes in `episode`."""
+    cut = torch.nonzero(episode[1:] != episode[:-1])[:, 0] + 1
+    bounds = [0, *cut.tolist(), len(episode)]
+    return list(itertools.pairwise(bounds))
+
+
+@dataclass
+class MotionErrors:
+    """How a student's motion estimates err (normalized units): estimate = offset + gain * truth + residual, per
+    velocity, with the residuals of every recorded episode kept whole, from its start, in step order."""
+
+    offset: Tensor  # (3,)
+    gain: Tensor  # (3,)
+    residuals: list[Tensor]  # per recorded episode, (T_e, 3)
+
+    def sample(self, length: int, generator: torch.Generator, under_way: int = 30) -> Tensor:
+        """A residual sequence `(length, 3)` for an episode from its start: one recorded episode's from its start,
+        continued (where it is shorter) by other episodes' residuals from `under_way` steps on, so the errors after
+        a reset look like the errors after a reset."""
+
+        def pick() -> Tensor:
+            return self.residuals[int(torch.randint(len(self.residuals), (1,), generator=generator))]
+
+        parts = [pick()]
+        total = len(parts[0])
+        while total < length:
+            more = pick()
+            parts.append(more[min(under_way, len(more) - 1) :])
+            total += len(parts[-1])
+        return torch.cat(parts)[:length]
+
+
+def motion_errors(data: EpisodeInputs) -> MotionErrors:
+    """Fit `MotionErrors` to the student's estimates (`data.inputs[:, 2:]`) against the truth, per velocity (least
+    squares; the gain says how much the estimates shrink toward their mean)."""
+    est = data.inputs[:, 2:].double()
+    true = _normalized_motion(data.targets).double()
+    t_mean, e_mean = true.mean(0), est.mean(0)
+    var = (true - t_mean).square().mean(0).clamp(min=1e-12)
+    gain = ((true - t_mean) * (est - e_mean)).mean(0) / var
+    offset = e_mean - gain * t_mean
+    res = (est - (offset + gain * true)).float()
+    spans = episode_spans(data.episode)
+    return MotionErrors(offset.float(), gain.float(), [res[a:b] for a, b in spans if b - a > 0])
+
+
+@torch.no_grad()
+def simulated_inputs(
+    driver,
+    env_cfg,
+    errors: MotionErrors,
+    envs: int = 1024,
+    steps: int = 300,
+    seed: int = 0,
+    blind: tuple[str, ...] = FACTORS,
+    first_episode: int = 0,
+) -> EpisodeInputs:
+    """Estimator inputs and true targets of `envs` cars driven `steps` control steps by `driver` (a teacher) in
+    `env_cfg`'s world without a camera, blind to `blind` (the factors the student does not see), each car drawing a
+    new world per episode. The motion inputs are `errors` applied to the true body velocities. Episode ids start at
+    `first_episode`; rows are grouped by episode, in step order."""
+    env = driving_env(replace(env_cfg, seed=seed), envs)
+    obs = env.get_observations()
+    episode = torch.arange(envs) + first_episode
+    next_episode = first_episode + envs
+    prev, targets, steps_since, episodes = [], [], [], []
+    for _ in range(steps):
+        prev.append(obs["proprio"][:, :2].clone())
+        targets.append(estimate_targets(env))
+        steps_since.append(env.episode_length_buf.clone())
+        episodes.append(episode.clone())
+        seen = obs
+        for name in blind:
+            seen = blind_factor(seen, name)
+        obs, _, dones, _ = env.step(driver.act(seen))
+        done = dones.bool().cpu()
+        episode[done] = torch.arange(next_episode, next_episode + int(done.sum()))
+        next_episode += int(done.sum())
+    flat = lambda xs: torch.stack(xs, 1).flatten(0, 1).cpu()  # noqa: E731  env-major: each episode contiguous
+    prev_t, targets_t, step_t, episode_t = flat(prev), flat(targets).float(), flat(steps_since), flat(episodes)
+    motion = errors.offset + errors.gain * _normalized_motion(targets_t)
+    gen = torch.Generator().manual_seed(seed)
+    for a, b in episode_spans(episode_t):
+        motion[a:b] += errors.sample(b - a, gen)
+    return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
+
+
 def _windows(data: EpisodeInputs, ends: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
     """Windows of `length` rows ending at `ends`; rows of another episode are masked (and zeroed)."""
     idx = ends[:, None] - torch.arange(length - 1, -1, -1)[None, :]
@@ -137,11 +245,14 @@ SCORES = ("action_latency_r2", "loop_latency_r2", *(f"{name}_r2" for name in FAC
 
 
 @torch.no_grad()
-def score(estimator: FactorEstimator, data: EpisodeInputs, rows: Tensor, dt_physics: float) -> dict[str, float]:
+def score(
+    estimator: FactorEstimator, data: EpisodeInputs, rows: Tensor, dt_physics: float, min_step: int | None = None
+) -> dict[str, float]:
     """R^2 of the expected action and loop latency (in substeps) and of friction and motor gain, on `rows`, each
-    output taken once its episode has run the estimator's receptive field."""
+    output taken from step `min_step` of its episode on (default: once the episode has run the estimator's receptive
+    field; earlier outputs read the zeros a reset leaves, as on the car)."""
     ctx = estimator.cfg.receptive_field
-    ends = rows[data.step[rows] >= ctx - 1]
+    ends = rows[data.step[rows] >= (ctx - 1 if min_step is None else min_step)]
     if len(ends) == 0:  # no episode that long
         return {k: float("nan") for k in SCORES}
     preds = []
@@ -171,15 +282,27 @@ def fit_estimator(
     learning_rate: float = 3e-3,
     holdout_every: int = 10,
     seed: int = 0,
+    simulated: EpisodeInputs | None = None,
+    after_steps: int = 30,
 ) -> dict[str, float]:
-    """Train `estimator` (only) on random windows of the recorded episodes; every `holdout_every`-th episode is held
-    out. Returns the scores on the training and held-out episodes (`train/…`, `heldout/…`)."""
+    """Train `estimator` (only) on random windows of the recorded episodes, and of `simulated` ones (every one of
+    them trains; episode ids distinct from the recorded ones); every `holdout_every`-th recorded episode is held out.
+    `window` grows to cover the receptive field. Returns the scores on the training and held-out recorded episodes
+    (`train/…`, `heldout/…`: once the receptive field is full; `heldout_after/…`: every output from `after_steps`
+    on, 2 s at 15 Hz, as the evaluation's time bins count them)."""
     gen = torch.Generator().manual_seed(seed)
     held = (data.episode % holdout_every) == 0
     train_rows = torch.nonzero(~held)[:, 0]
+    recorded = data
+    if simulated is not None:
+        if bool(torch.isin(simulated.episode, data.episode).any()):
+            raise ValueError("simulated episode ids overlap the recorded ones")
+        data = EpisodeInputs(*(torch.cat([getattr(data, k), getattr(simulated, k)]) for k in EPISODE_FIELDS))
+        train_rows = torch.cat([train_rows, torch.arange(len(recorded.episode), len(data.episode))])
     if len(train_rows) == 0:
         raise ValueError("no episodes left to fit the factor estimator on")
     ctx = estimator.cfg.receptive_field - 1
+    window = max(window, ctx + 32)
     opt = torch.optim.Adam(estimator.parameters(), lr=learning_rate)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.1 * learning_rate)
     was_training = estimator.training
@@ -196,8 +319,13 @@ def fit_estimator(
         opt.step()
         sched.step()
     estimator.train(was_training)
-    out = {f"train/{k}": v for k, v in score(estimator, data, train_rows, dt_physics).items()}
+    recorded_train = torch.nonzero(~held)[:, 0]
+    out = {f"train/{k}": v for k, v in score(estimator, recorded, recorded_train, dt_physics).items()}
     held_rows = torch.nonzero(held)[:, 0]
-    out.update({f"heldout/{k}": v for k, v in score(estimator, data, held_rows, dt_physics).items()})
-    out["episodes"] = float(len(torch.unique(data.episode)))
+    out.update({f"heldout/{k}": v for k, v in score(estimator, recorded, held_rows, dt_physics).items()})
+    after = score(estimator, recorded, held_rows, dt_physics, min_step=after_steps)
+    out.update({f"heldout_after/{k}": v for k, v in after.items()})
+    out["episodes"] = float(len(torch.unique(recorded.episode)))
+    if simulated is not None:
+        out["simulated_episodes"] = float(len(torch.unique(simulated.episode)))
     return out

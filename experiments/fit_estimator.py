@@ -2,12 +2,18 @@
 
     python -m experiments.fit_estimator default --checkpoint runs/student/checkpoints/round_014.pt
     python -m experiments.fit_estimator default --checkpoint … --new --estimator.dilations 1 2 4 8 16  # another one
+    python -m experiments.fit_estimator default --checkpoint … --sim-envs 1024   # + 1,024 simulated cars' worlds
 
 The policy, image encoder and history encoder are unchanged (the estimator reads their output and feeds nothing
 back), so the student drives exactly as before; only its latency, friction and motor-gain estimates change. A
 student distilled before the estimator existed gets one. The recorded episodes are the run's shards (`--data-dir`,
 default `<run>/data` next to the checkpoint's folder). Writes `--out` (default: `<checkpoint>` with an `_estimator`
 suffix) atomically and prints the held-out scores.
+
+`--sim-envs N` adds N cars driven by the run's teacher (blind to friction and motor gain) in the student's world
+without a camera, each car a new world per episode, their motion inputs passed through the student's own estimate
+errors measured on the recorded episodes (`adaptation.estimator_fit.simulated_inputs`): labels for thousands of
+worlds instead of the run's few hundred. The held-out scores stay on recorded episodes the fit never saw.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Literal
 import torch
 from rich.console import Console
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator
+from adaptation.estimator_fit import episode_inputs, fit_estimator, motion_errors, simulated_inputs
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
@@ -29,6 +35,7 @@ from envs.errors import ConfigError
 from experiments.cli import run
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
+from teacher.policy import load_teacher
 
 ESTIMATOR_SUFFIX = "_estimator"
 """the default output sits next to its checkpoint, named with this suffix (checkpoint selection skips such files: the
@@ -59,6 +66,12 @@ class FitEstimatorConfig:
     """seed of the window sampling and of a new estimator's initialization"""
     threads: int = 0
     """torch CPU threads (0 = torch's default)"""
+    sim_envs: int = 0
+    """cars driving simulated worlds for the fit besides the recorded episodes (0: recorded episodes only)"""
+    sim_seconds: float = 20.0
+    """driving per simulated car (s); each car starts a new world whenever its episode ends"""
+    teacher: str = ""
+    """driver of the simulated worlds (default: the run's teacher, as the checkpoint names it)"""
     bf16: Literal["auto", "on", "off"] = "auto"
     """bfloat16 autocast for the student's pass over the recorded episodes (auto: on CPUs with native bf16, as
     DAgger trains)"""
@@ -78,6 +91,8 @@ def main(cfg: FitEstimatorConfig) -> dict:
         raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     if cfg.estimator.kind == "none":
         raise ConfigError("--estimator.kind none: nothing to fit")
+    if cfg.sim_envs < 0 or cfg.sim_seconds <= 0:
+        raise ConfigError(f"--sim-envs {cfg.sim_envs} --sim-seconds {cfg.sim_seconds}: need sim-envs >= 0, seconds > 0")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     ckpt = Path(cfg.checkpoint)
@@ -96,19 +111,36 @@ def main(cfg: FitEstimatorConfig) -> dict:
         )
     t0 = time.time()
     data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
+    simulated = None
+    if cfg.sim_envs > 0:
+        teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
+        if not teacher_path:
+            raise ConfigError(f"{ckpt} names no teacher; give --teacher to drive the simulated worlds")
+        teacher = load_teacher(teacher_path)
+        simulated = simulated_inputs(
+            teacher, student.env_cfg, motion_errors(data), envs=cfg.sim_envs,
+            steps=int(round(cfg.sim_seconds * student.env_cfg.control_hz)), seed=cfg.seed + 1,
+            first_episode=int(data.episode.max()) + 1,
+        )  # fmt: skip
     t1 = time.time()
-    stats = fit_estimator(model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed)
+    stats = fit_estimator(
+        model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed, simulated=simulated
+    )
     t2 = time.time()
     saved = load_checkpoint(ckpt, kind=STUDENT_KIND)
     saved["model"] = model.state_dict()
     saved["student_yaml"] = to_yaml(model.cfg)
-    saved["estimator_fit"] = json.dumps({**stats, "steps": cfg.steps, "data_dir": str(data_dir)})
+    saved["estimator_fit"] = json.dumps(
+        {**stats, "steps": cfg.steps, "data_dir": str(data_dir), "sim_envs": cfg.sim_envs}
+    )
     save_atomic(saved, out)
     stats.update({"inputs_s": t1 - t0, "fit_s": t2 - t1, "rows": float(len(data.episode))})
+    sim = f" + {int(stats['simulated_episodes'])} simulated" if simulated is not None else ""
     console.print(
-        f"{int(stats['episodes'])} episodes, {len(data.episode):,} rows: inputs {t1 - t0:.0f} s, fit {t2 - t1:.0f} s"
+        f"{int(stats['episodes'])} episodes{sim}, {len(data.episode):,} rows: inputs {t1 - t0:.0f} s, "
+        f"fit {t2 - t1:.0f} s"
     )
-    for part in ("train", "heldout"):
+    for part in ("train", "heldout", "heldout_after"):
         row = ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in stats.items() if k.startswith(part + "/"))
         console.print(f"{part}: {row}")
     console.print(f"student with the fitted estimator: [bold]{out.resolve()}[/]")

@@ -6,11 +6,19 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from adaptation.estimator_fit import EpisodeInputs, fit_estimator, score
+from adaptation.estimator_fit import (
+    EpisodeInputs,
+    MotionErrors,
+    episode_spans,
+    fit_estimator,
+    motion_errors,
+    score,
+    simulated_inputs,
+)
 from adaptation.evaluation import seconds_to_follow
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import TARGET_COLUMNS
+from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
 from datasets.checkpoints import save_atomic
 from envs.config_io import to_yaml
 from envs.racing.car import discrete_grid
@@ -105,14 +113,15 @@ def test_estimator_config_is_checked():
     assert EstimatorConfig().receptive_field == 31 and EstimatorConfig(kind="none").receptive_field == 1
 
 
-def synthetic_episodes(n_episodes=240, length=40, seed=0):
+def synthetic_episodes(n_episodes=240, length=40, seed=0, delays=None):
     """Recorded episodes whose 'yaw rate estimate' follows the steering command after the episode's action latency
-    (0-3 substeps of 1/60 s here one step each), as `episode_inputs` returns them."""
+    (0-3 substeps of 1/60 s here one step each; random, or `delays[e]`), as `episode_inputs` returns them."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for e in range(n_episodes):
         steer = torch.repeat_interleave(torch.rand(length // 4, generator=g) * 2 - 1, 4)
         delay = int(torch.randint(0, 4, (1,), generator=g))
+        delay = delay if delays is None else delays[e]
         yaw = torch.cat([torch.zeros(delay), steer[: length - delay]]) + 0.05 * torch.randn(length, generator=g)
         x = torch.zeros(length, 5)
         x[:, 0], x[:, 4] = steer, yaw  # previous steering, yaw rate estimate
@@ -146,3 +155,84 @@ def test_a_shift_is_followed_once_the_trailing_second_has_moved_not_on_one_noisy
     assert seconds_to_follow(spike, 30, 1.0, 15.0) is None
     half = np.r_[np.zeros(30), np.full(30, 0.5)]
     assert seconds_to_follow(half, 30, 1.0, 15.0) is None, "half way is not 80%"
+
+
+def test_motion_errors_recover_the_shrinkage_and_keep_each_episodes_residuals_whole():
+    g = torch.Generator().manual_seed(0)
+    data = synthetic_episodes(n_episodes=60, length=32)
+    truth = torch.randn(len(data.episode), 3, generator=g)
+    for i, name in enumerate(("speed", "lateral_speed", "yaw_rate")):
+        centre, scale = ESTIMATE_SCALE[name]
+        data.targets[:, TARGET_COLUMNS.index(name)] = truth[:, i] * scale + centre
+    noise = 0.1 * torch.randn(len(data.episode), 3, generator=g)
+    data.inputs[:, 2:] = torch.tensor([0.2, -0.1, 0.0]) + torch.tensor([0.5, 0.8, 1.0]) * truth + noise
+    errors = motion_errors(data)
+    assert torch.allclose(errors.gain, torch.tensor([0.5, 0.8, 1.0]), atol=0.03)
+    assert torch.allclose(errors.offset, torch.tensor([0.2, -0.1, 0.0]), atol=0.03)
+    assert len(errors.residuals) == 60 and all(len(r) == 32 for r in errors.residuals)
+    assert torch.allclose(errors.residuals[3], noise[96:128], atol=0.03)  # episode 3's rows, in step order
+    # a longer sequence starts with one episode's residuals from its start, then goes on with others' from step 5
+    seq = errors.sample(70, torch.Generator().manual_seed(1), under_way=5)
+    assert seq.shape == (70, 3)
+    assert any(torch.equal(seq[:32], r) for r in errors.residuals)
+    assert any(torch.equal(seq[32:59], r[5:]) for r in errors.residuals)
+    assert torch.equal(seq, errors.sample(70, torch.Generator().manual_seed(1), under_way=5))
+
+
+class ConstantDriver:
+    """Full throttle, straight ahead, on any observation; records what it was shown."""
+
+    def __init__(self, n_actions):
+        self.n_actions, self.seen = n_actions, []
+
+    def act(self, obs):
+        self.seen.append(obs["env_factors"].clone())
+        return torch.full((obs.batch_size[0], 1), self.n_actions - 1, dtype=torch.long)
+
+
+def test_simulated_worlds_give_contiguous_episodes_blind_driving_and_the_students_errors():
+    from envs.racing.env import RacingEnv
+    from envs.racing.randomization import FACTOR_NAMES
+
+    env_cfg = EnvConfig(num_envs=4, camera="none", compile=False)
+    n_actions = RacingEnv(env_cfg).action_space.num_actions
+    errors = MotionErrors(torch.tensor([0.1, 0.0, 0.0]), torch.tensor([0.5, 1.0, 1.0]), [torch.zeros(10, 3)])
+    driver = ConstantDriver(n_actions)
+    sim = simulated_inputs(driver, env_cfg, errors, envs=6, steps=40, seed=3, first_episode=100)
+    assert sim.inputs.shape == (240, 5) and sim.targets.shape == (240, len(TARGET_COLUMNS))
+    assert int(sim.episode.min()) == 100
+    for a, b in episode_spans(sim.episode):  # each episode's rows together, one step apart, from a reset
+        assert torch.equal(sim.step[a:b], sim.step[a] + torch.arange(b - a))
+    assert bool((sim.step[torch.nonzero(sim.episode[1:] != sim.episode[:-1])[:, 0] + 1] == 0).all())
+    speed = sim.targets[:, TARGET_COLUMNS.index("speed")]
+    centre, scale = ESTIMATE_SCALE["speed"]
+    assert torch.allclose(sim.inputs[:, 2], 0.1 + 0.5 * (speed - centre) / scale, atol=1e-5)
+    assert float(speed.max()) > 1.0  # the cars drove
+    friction = sim.targets[:, TARGET_COLUMNS.index("friction")]
+    assert float(friction.std()) > 0.05  # randomized worlds
+    for name in ("friction", "motor_gain"):  # the driver saw the nominal value only
+        shown = torch.stack(driver.seen)[..., FACTOR_NAMES.index(name)]
+        assert float(shown.std()) < 1e-6
+    again = simulated_inputs(ConstantDriver(n_actions), env_cfg, errors, envs=6, steps=40, seed=3, first_episode=100)
+    assert torch.equal(again.targets, sim.targets)
+
+
+def test_fit_estimator_learns_from_simulated_worlds_and_scores_on_recorded_ones():
+    """Every recorded training episode has latency 0, so only the simulated worlds can teach the others; the held-out
+    recorded episodes (every second one) have latencies 0-3."""
+    torch.manual_seed(0)
+    recorded = synthetic_episodes(n_episodes=8, length=40, seed=1, delays=[0, 0, 1, 0, 2, 0, 3, 0])
+    simulated = synthetic_episodes(n_episodes=240, length=40, seed=2)
+    simulated.episode += 1000
+
+    def fit(sim):
+        est = FactorEstimator(EstimatorConfig(), act_latency_classes=4, cam_latency_classes=2)
+        return fit_estimator(est, recorded, 1 / 60, steps=600, holdout_every=2, simulated=sim, after_steps=10)
+
+    alone, stats = fit(None), fit(simulated)
+    assert stats["simulated_episodes"] == 240.0 and stats["episodes"] == 8.0 and "simulated_episodes" not in alone
+    assert alone["heldout_after/action_latency_r2"] < 0.2, "recorded episodes alone never show a latency"
+    assert stats["heldout_after/action_latency_r2"] > 0.8
+    assert stats["heldout/action_latency_r2"] > 0.8
+    with pytest.raises(ValueError, match="overlap"):
+        fit(synthetic_episodes(n_episodes=3, length=40))

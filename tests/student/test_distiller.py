@@ -192,10 +192,10 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     # The factor estimator refitted on the run's episodes; the student's weights otherwise unchanged.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--steps", "10",
-         "--out", str(tmp_path / "fitted.pt")],
+         "--sim-envs", "4", "--sim-seconds", "2", "--out", str(tmp_path / "fitted.pt")],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert proc.returncode == 0 and "heldout:" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "heldout:" in proc.stdout and "simulated" in proc.stdout, proc.stderr[-3000:]
     before, after = load_student(student).model.state_dict(), load_student(tmp_path / "fitted.pt").model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("estimator."))
