@@ -217,6 +217,17 @@ def simulated_inputs(
     return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
 
 
+def simulated_worlds(driver, env_cfg, data: EpisodeInputs, envs: int, seconds: float, seed: int = 0):
+    """`simulated_inputs` for a run: `envs` cars driving `seconds` each, with the motion errors the student shows on
+    its recorded episodes `data`, their episode ids after the recorded ones. None when `envs` is 0."""
+    if envs <= 0:
+        return None
+    return simulated_inputs(
+        driver, env_cfg, motion_errors(data), envs=envs, steps=max(1, int(round(seconds * env_cfg.control_hz))),
+        seed=seed, first_episode=int(data.episode.max()) + 1,
+    )  # fmt: skip
+
+
 def _windows(data: EpisodeInputs, ends: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
     """Windows of `length` rows ending at `ends`; rows of another episode are masked (and zeroed)."""
     idx = ends[:, None] - torch.arange(length - 1, -1, -1)[None, :]

@@ -16,6 +16,9 @@ from student.model import StudentModel, StudentPolicy
 
 TIME_BINS = (0.0, 0.5, 1.0, 2.0, 4.0, 1e9)
 """seconds since reset"""
+AFTER_SECONDS = 2.0
+"""`estimation_by_time` also scores every output from this long after a reset on (`after 2s`): the estimate once it
+has had two seconds of driving"""
 
 
 def estimate_targets(env: RacingEnv) -> torch.Tensor:
@@ -52,11 +55,13 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
     targets = torch.cat([r[1] for r in rows])
     since = torch.cat([r[2] for r in rows])
     out = {}
-    for lo, hi in itertools.pairwise(TIME_BINS):
+    spans = [*itertools.pairwise(TIME_BINS), (AFTER_SECONDS, TIME_BINS[-1])]  # the last: every output after 2 s
+    for lo, hi in spans:
         sel = (since >= lo) & (since < hi)
         if int(sel.sum()) < 20:
             continue
         key = f"{lo:g}-{hi:g}s" if hi < 1e8 else f">{lo:g}s"
+        key = "after 2s" if (lo, hi) == (AFTER_SECONDS, TIME_BINS[-1]) else key
         out[key] = estimate_metrics(
             {k: v[sel] for k, v in heads.items()}, targets[sel], env.cfg.dt_physics, env.cfg.substeps
         )

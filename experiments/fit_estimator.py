@@ -27,11 +27,11 @@ from typing import Literal
 import torch
 from rich.console import Console
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator, motion_errors, simulated_inputs
+from adaptation.estimator_fit import episode_inputs, fit_estimator, simulated_worlds
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
-from envs.errors import ConfigError
+from envs.errors import ConfigError, check_range
 from experiments.cli import run
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
@@ -76,6 +76,11 @@ class FitEstimatorConfig:
     """bfloat16 autocast for the student's pass over the recorded episodes (auto: on CPUs with native bf16, as
     DAgger trains)"""
 
+    def __post_init__(self) -> None:
+        check_range("steps", self.steps, 1, 10_000_000)
+        check_range("sim_envs", self.sim_envs, 0, 1_000_000)
+        check_range("sim_seconds", self.sim_seconds, 0.1, 3600.0)
+
 
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
     """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
@@ -91,8 +96,6 @@ def main(cfg: FitEstimatorConfig) -> dict:
         raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     if cfg.estimator.kind == "none":
         raise ConfigError("--estimator.kind none: nothing to fit")
-    if cfg.sim_envs < 0 or cfg.sim_seconds <= 0:
-        raise ConfigError(f"--sim-envs {cfg.sim_envs} --sim-seconds {cfg.sim_seconds}: need sim-envs >= 0, seconds > 0")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     ckpt = Path(cfg.checkpoint)
@@ -111,17 +114,13 @@ def main(cfg: FitEstimatorConfig) -> dict:
         )
     t0 = time.time()
     data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
-    simulated = None
+    driver = None
     if cfg.sim_envs > 0:
         teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
         if not teacher_path:
             raise ConfigError(f"{ckpt} names no teacher; give --teacher to drive the simulated worlds")
-        teacher = load_teacher(teacher_path)
-        simulated = simulated_inputs(
-            teacher, student.env_cfg, motion_errors(data), envs=cfg.sim_envs,
-            steps=int(round(cfg.sim_seconds * student.env_cfg.control_hz)), seed=cfg.seed + 1,
-            first_episode=int(data.episode.max()) + 1,
-        )  # fmt: skip
+        driver = load_teacher(teacher_path)
+    simulated = simulated_worlds(driver, student.env_cfg, data, cfg.sim_envs, cfg.sim_seconds, seed=cfg.seed + 1)
     t1 = time.time()
     stats = fit_estimator(
         model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed, simulated=simulated

@@ -73,6 +73,13 @@ class DaggerConfig:
     estimator_fit_steps: int = 4000
     """after the last round's training, fit the factor estimator alone on every recorded episode for this many
     gradient steps (its inputs are five numbers per step: cheap); 0 = only its training alongside the policy"""
+    estimator_sim_envs: int = 0
+    """cars driving simulated worlds for that fit besides the recorded episodes: the teacher, blind to friction and
+    motor gain, drives the collection world without a camera, and the motion inputs are the true body velocities
+    passed through the student's own estimate errors (`adaptation.estimator_fit.simulated_inputs`); 0 = recorded
+    episodes only"""
+    estimator_sim_seconds: float = 20.0
+    """driving per simulated car (s); a car starts a new world whenever its episode ends"""
     cache_mb: int = 1024
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
@@ -90,6 +97,8 @@ class DaggerConfig:
         check_range("dagger.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
         check_range("dagger.low_grip_share", self.low_grip_share, 0.0, 1.0)
         check_range("dagger.estimator_fit_steps", self.estimator_fit_steps, 0, 10_000_000)
+        check_range("dagger.estimator_sim_envs", self.estimator_sim_envs, 0, 1_000_000)
+        check_range("dagger.estimator_sim_seconds", self.estimator_sim_seconds, 0.1, 3600.0)
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)

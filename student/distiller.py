@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator
+from adaptation.estimator_fit import episode_inputs, fit_estimator, simulated_worlds
 from adaptation.evaluation import estimate_targets
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import (
@@ -213,10 +213,15 @@ class Distiller:
         """The factor estimator fitted alone on every recorded episode (after the last round's training)."""
         if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
             return {}
-        data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(self.cfg))
-        self.estimator_fit = fit_estimator(
-            self.model.estimator, data, self.env_cfg.dt_physics, steps=self.cfg.estimator_fit_steps, seed=self.cfg.seed
+        cfg = self.cfg
+        data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
+        simulated = simulated_worlds(
+            self.teacher, self.env_cfg, data, cfg.estimator_sim_envs, cfg.estimator_sim_seconds, seed=cfg.seed + 4
         )
+        self.estimator_fit = fit_estimator(
+            self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed,
+            simulated=simulated,
+        )  # fmt: skip
         return {f"estimator_fit/{k}": v for k, v in self.estimator_fit.items()}
 
     # --------------------------------------------------------------------------------------------- evaluate

@@ -236,3 +236,36 @@ def test_fit_estimator_learns_from_simulated_worlds_and_scores_on_recorded_ones(
     assert stats["heldout/action_latency_r2"] > 0.8
     with pytest.raises(ValueError, match="overlap"):
         fit(synthetic_episodes(n_episodes=3, length=40))
+
+
+def test_estimation_by_time_scores_each_bin_and_every_output_after_two_seconds(monkeypatch):
+    """The student's estimates are scored while a scripted driver keeps the cars on the track for 5 s."""
+    from types import SimpleNamespace
+
+    import adaptation.evaluation as evaluation
+    from envs.racing.env import RacingEnv
+    from student.distiller import output_spec
+    from student.model import StudentPolicy
+    from teacher.pure_pursuit import PurePursuitDriver
+
+    env_cfg = EnvConfig(num_envs=4, camera="projective", compile=False)
+    env = RacingEnv(env_cfg)
+    pursuit = PurePursuitDriver(env.action_space, env_cfg.car, env_cfg.obs.lookahead_points,
+                                env_cfg.obs.lookahead_spacing)  # fmt: skip
+
+    class Scripted(StudentPolicy):
+        def act(self, obs):
+            super().act(obs)  # the student's estimates, as it drives
+            return pursuit.act(obs)
+
+    monkeypatch.setattr(evaluation, "StudentPolicy", Scripted)
+    teacher = SimpleNamespace(actor=SimpleNamespace(factor_encoder=SimpleNamespace(latent_dim=8)))
+    torch.manual_seed(0)
+    model = StudentModel(StudentConfig(), output_spec(env, teacher)).eval()
+    out = evaluation.estimation_by_time(model, env_cfg, num_envs=4, steps=75)
+    bins = ("0-0.5s", "0.5-1s", "1-2s", "2-4s", ">4s")
+    assert set(out) == {*bins, "after 2s"}
+    assert [out[k]["samples"] for k in bins] == [4 * 8, 4 * 7, 4 * 15, 4 * 30, 4 * 15]  # no car left the track
+    assert out["after 2s"]["samples"] == out["2-4s"]["samples"] + out[">4s"]["samples"]
+    late = [out[k]["speed_r2"] for k in ("2-4s", ">4s")]
+    assert out["after 2s"]["speed_r2"] not in late, "scored on both bins' outputs together"

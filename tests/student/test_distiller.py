@@ -122,13 +122,14 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.distill_student", "smoke", "--teacher", str(teacher_path),
-         "--run-dir", str(tmp_path / "s")],
+         "--run-dir", str(tmp_path / "s"), "--dagger.estimator-sim-envs", "4", "--dagger.estimator-sim-seconds", "2"],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s" / "eval.json").read_text())
     assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
     assert "heldout/loop_latency_r2" in summary["estimator_fit"] and "factor estimator on held-out" in proc.stdout
+    assert summary["estimator_fit"]["simulated_episodes"] >= 4  # four cars, a new world per episode
     # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect), in a subprocess.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
