@@ -11,8 +11,9 @@ A run records a few hundred episodes, one world (one friction, one motor gain) e
 factors, which an estimator then learns per episode and not from the car's response. `simulated_inputs` adds as many
 worlds as wanted at little cost: the teacher drives the training world without a camera, blind to the factors the
 student cannot see, and the estimator's motion inputs are the true body velocities passed through the student's own
-errors (`MotionErrors`, measured on its replay: the linear map from truth to estimate, plus whole residual sequences
-of recorded episodes, so the errors keep their correlation in time and across the three velocities).
+errors (`MotionErrors`, measured on its replay: the linear map from truth and recent commands to estimate, plus whole
+residual sequences of recorded episodes, so the errors keep their correlation in time and across the three
+velocities).
 """
 
 from __future__ import annotations
@@ -136,14 +137,38 @@ def episode_spans(episode: Tensor) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+COMMAND_LAGS = 8
+"""`MotionErrors` regresses the estimates on the previous actions of this many steps as well as on the truth"""
+
+
+def motion_design(truth: Tensor, prev_action: Tensor, step: Tensor, lags: int = COMMAND_LAGS) -> Tensor:
+    """Regressors of a student's motion estimates `(N, 1 + 3 + 2 * lags)`: a constant, the true (normalized) body
+    velocities, and the previous actions of the last `lags` steps of the same episode (zeros before its start, as a
+    reset leaves them). Rows are grouped by episode in step order, `step` counting from each episode's start."""
+    cols = [torch.ones(len(truth), 1, dtype=truth.dtype), truth]
+    for k in range(lags):
+        lagged = torch.roll(prev_action.to(truth.dtype), k, 0)
+        cols.append(lagged * (step >= k).to(truth.dtype)[:, None])
+    return torch.cat(cols, -1)
+
+
 @dataclass
 class MotionErrors:
-    """How a student's motion estimates err (normalized units): estimate = offset + gain * truth + residual, per
-    velocity, with the residuals of every recorded episode kept whole, from its start, in step order."""
+    """How a student's motion estimates err (normalized units): estimate = `motion_design(...) @ weights` + residual,
+    the residuals of every recorded episode kept whole, from its start, in step order. The estimates lean on the
+    commands as well as on the car's true motion (a camera student learns what its commands predict), so the linear
+    part reads both."""
 
-    offset: Tensor  # (3,)
-    gain: Tensor  # (3,)
+    weights: Tensor  # (1 + 3 + 2 * lags, 3)
     residuals: list[Tensor]  # per recorded episode, (T_e, 3)
+
+    @property
+    def lags(self) -> int:
+        return (self.weights.shape[0] - 4) // 2
+
+    def predict(self, truth: Tensor, prev_action: Tensor, step: Tensor) -> Tensor:
+        """The linear part of the estimates `(N, 3)` for true (normalized) velocities and commands."""
+        return (motion_design(truth.double(), prev_action, step, self.lags) @ self.weights.double()).float()
 
     def sample(self, length: int, generator: torch.Generator, under_way: int = 30) -> Tensor:
         """A residual sequence `(length, 3)` for an episode from its start: one recorded episode's from its start,
@@ -162,18 +187,34 @@ class MotionErrors:
         return torch.cat(parts)[:length]
 
 
-def motion_errors(data: EpisodeInputs) -> MotionErrors:
-    """Fit `MotionErrors` to the student's estimates (`data.inputs[:, 2:]`) against the truth, per velocity (least
-    squares; the gain says how much the estimates shrink toward their mean)."""
+def motion_errors(data: EpisodeInputs, lags: int = COMMAND_LAGS) -> MotionErrors:
+    """Fit `MotionErrors` to the student's estimates (`data.inputs[:, 2:]`): least squares on the truth and the last
+    `lags` commands, per velocity (0 lags: truth only, the gain then says how much the estimates shrink)."""
     est = data.inputs[:, 2:].double()
-    true = _normalized_motion(data.targets).double()
-    t_mean, e_mean = true.mean(0), est.mean(0)
-    var = (true - t_mean).square().mean(0).clamp(min=1e-12)
-    gain = ((true - t_mean) * (est - e_mean)).mean(0) / var
-    offset = e_mean - gain * t_mean
-    res = (est - (offset + gain * true)).float()
-    spans = episode_spans(data.episode)
-    return MotionErrors(offset.float(), gain.float(), [res[a:b] for a, b in spans if b - a > 0])
+    design = motion_design(_normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
+    weights = torch.linalg.lstsq(design, est).solution
+    res = (est - design @ weights).float()
+    return MotionErrors(weights.float(), [res[a:b] for a, b in episode_spans(data.episode) if b - a > 0])
+
+
+def estimate_sources(data: EpisodeInputs, after_steps: int = 30, lags: int = COMMAND_LAGS) -> dict[str, float]:
+    """What a student's motion estimates follow: R^2 of each estimate (speed, lateral speed, yaw rate) from a linear
+    fit on the true velocities (`truth/…`), on its last `lags` commands (`commands/…`), and on both (`both/…`), over
+    the steps from `after_steps` on. An estimate the commands explain as well as the truth does carries little of
+    the car's actual response: the friction and motor gain cannot show through it."""
+    est = data.inputs[:, 2:].double()
+    design = motion_design(_normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
+    rows = data.step >= after_steps
+    parts = {"truth": slice(0, 4), "commands": [0, *range(4, design.shape[1])], "both": slice(None)}
+    if int(rows.sum()) <= design.shape[1]:  # too few steps that long after a start to fit
+        return {f"{part}/{name}": float("nan") for part in parts for name in MOTION}
+    out = {}
+    for part, cols in parts.items():
+        x, y = design[rows][:, cols], est[rows]
+        res = y - x @ torch.linalg.lstsq(x, y).solution
+        r2 = 1.0 - res.var(0) / y.var(0).clamp(min=1e-12)
+        out.update({f"{part}/{name}": float(v) for name, v in zip(MOTION, r2, strict=True)})
+    return out
 
 
 @torch.no_grad()
@@ -210,7 +251,7 @@ def simulated_inputs(
         next_episode += int(done.sum())
     flat = lambda xs: torch.stack(xs, 1).flatten(0, 1).cpu()  # noqa: E731  env-major: each episode contiguous
     prev_t, targets_t, step_t, episode_t = flat(prev), flat(targets).float(), flat(steps_since), flat(episodes)
-    motion = errors.offset + errors.gain * _normalized_motion(targets_t)
+    motion = errors.predict(_normalized_motion(targets_t), prev_t, step_t)
     gen = torch.Generator().manual_seed(seed)
     for a, b in episode_spans(episode_t):
         motion[a:b] += errors.sample(b - a, gen)

@@ -8,7 +8,9 @@ The policy, image encoder and history encoder are unchanged (the estimator reads
 back), so the student drives exactly as before; only its latency, friction and motor-gain estimates change. A
 student distilled before the estimator existed gets one. The recorded episodes are the run's shards (`--data-dir`,
 default `<run>/data` next to the checkpoint's folder). Writes `--out` (default: `<checkpoint>` with an `_estimator`
-suffix) atomically and prints the held-out scores.
+suffix) atomically and prints the held-out scores, and what the student's motion estimates follow: the R² of a
+linear fit of each on the true body velocities, on its last 8 commands, and on both (an estimate the commands explain
+as well as the truth carries little of how the car actually responds).
 
 `--sim-envs N` adds N cars driven by the run's teacher (blind to friction and motor gain) in the student's world
 without a camera, each car a new world per episode, their motion inputs passed through the student's own estimate
@@ -27,7 +29,7 @@ from typing import Literal
 import torch
 from rich.console import Console
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator, simulated_worlds
+from adaptation.estimator_fit import episode_inputs, estimate_sources, fit_estimator, simulated_worlds
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
@@ -125,6 +127,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     stats = fit_estimator(
         model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed, simulated=simulated
     )
+    stats.update({f"sources/{k}": v for k, v in estimate_sources(data).items()})
     t2 = time.time()
     saved = load_checkpoint(ckpt, kind=STUDENT_KIND)
     saved["model"] = model.state_dict()
@@ -142,6 +145,9 @@ def main(cfg: FitEstimatorConfig) -> dict:
     for part in ("train", "heldout", "heldout_after"):
         row = ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in stats.items() if k.startswith(part + "/"))
         console.print(f"{part}: {row}")
+    for part in ("truth", "commands", "both"):
+        row = ", ".join(f"{k.split('/')[2]} {v:.2f}" for k, v in stats.items() if k.startswith(f"sources/{part}/"))
+        console.print(f"motion estimates (R² after 2 s) from {part}: {row}")
     console.print(f"student with the fitted estimator: [bold]{out.resolve()}[/]")
     return stats
 

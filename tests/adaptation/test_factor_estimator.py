@@ -10,6 +10,7 @@ from adaptation.estimator_fit import (
     EpisodeInputs,
     MotionErrors,
     episode_spans,
+    estimate_sources,
     fit_estimator,
     motion_errors,
     score,
@@ -157,26 +158,37 @@ def test_a_shift_is_followed_once_the_trailing_second_has_moved_not_on_one_noisy
     assert seconds_to_follow(half, 30, 1.0, 15.0) is None, "half way is not 80%"
 
 
-def test_motion_errors_recover_the_shrinkage_and_keep_each_episodes_residuals_whole():
+def test_motion_errors_recover_how_the_estimates_lean_on_truth_and_commands_and_keep_residuals_whole():
     g = torch.Generator().manual_seed(0)
     data = synthetic_episodes(n_episodes=60, length=32)
     truth = torch.randn(len(data.episode), 3, generator=g)
     for i, name in enumerate(("speed", "lateral_speed", "yaw_rate")):
         centre, scale = ESTIMATE_SCALE[name]
         data.targets[:, TARGET_COLUMNS.index(name)] = truth[:, i] * scale + centre
+    data.inputs[:, 1] = torch.rand(len(data.episode), generator=g)  # the speed command
+    lagged = torch.roll(data.inputs[:, 1], 2) * (data.step >= 2)  # two steps back, zero before the episode's start
     noise = 0.1 * torch.randn(len(data.episode), 3, generator=g)
-    data.inputs[:, 2:] = torch.tensor([0.2, -0.1, 0.0]) + torch.tensor([0.5, 0.8, 1.0]) * truth + noise
-    errors = motion_errors(data)
-    assert torch.allclose(errors.gain, torch.tensor([0.5, 0.8, 1.0]), atol=0.03)
-    assert torch.allclose(errors.offset, torch.tensor([0.2, -0.1, 0.0]), atol=0.03)
+    linear = torch.tensor([0.2, -0.1, 0.0]) + torch.tensor([0.5, 0.8, 1.0]) * truth
+    linear[:, 0] += 0.7 * lagged
+    data.inputs[:, 2:] = linear + noise
+    errors = motion_errors(data, lags=4)
+    assert errors.lags == 4 and errors.weights.shape == (4 + 2 * 4, 3)
+    assert torch.allclose(errors.weights[0], torch.tensor([0.2, -0.1, 0.0]), atol=0.03)  # constant
+    assert torch.allclose(errors.weights[1:4].diagonal(), torch.tensor([0.5, 0.8, 1.0]), atol=0.03)  # truth
+    assert abs(float(errors.weights[4 + 2 * 2 + 1, 0]) - 0.7) < 0.03  # speed command, lag 2
+    assert torch.allclose(errors.predict(truth, data.inputs[:, :2], data.step), linear, atol=0.05)
     assert len(errors.residuals) == 60 and all(len(r) == 32 for r in errors.residuals)
-    assert torch.allclose(errors.residuals[3], noise[96:128], atol=0.03)  # episode 3's rows, in step order
+    assert torch.allclose(errors.residuals[3], noise[96:128], atol=0.05)  # episode 3's rows, in step order
     # a longer sequence starts with one episode's residuals from its start, then goes on with others' from step 5
     seq = errors.sample(70, torch.Generator().manual_seed(1), under_way=5)
     assert seq.shape == (70, 3)
     assert any(torch.equal(seq[:32], r) for r in errors.residuals)
     assert any(torch.equal(seq[32:59], r[5:]) for r in errors.residuals)
     assert torch.equal(seq, errors.sample(70, torch.Generator().manual_seed(1), under_way=5))
+    # speed leans on a command, the yaw rate on the truth alone
+    sources = estimate_sources(data, after_steps=4, lags=4)
+    assert sources["both/speed"] > 0.95 and sources["both/yaw_rate"] > 0.95
+    assert sources["commands/yaw_rate"] < 0.05 < sources["commands/speed"] < sources["truth/speed"] < 0.9
 
 
 class ConstantDriver:
@@ -196,7 +208,9 @@ def test_simulated_worlds_give_contiguous_episodes_blind_driving_and_the_student
 
     env_cfg = EnvConfig(num_envs=4, camera="none", compile=False)
     n_actions = RacingEnv(env_cfg).action_space.num_actions
-    errors = MotionErrors(torch.tensor([0.1, 0.0, 0.0]), torch.tensor([0.5, 1.0, 1.0]), [torch.zeros(10, 3)])
+    weights = torch.zeros(4 + 2 * 2, 3)  # two lags of commands, unused
+    weights[0, 0], weights[1:4] = 0.1, torch.diag(torch.tensor([0.5, 1.0, 1.0]))
+    errors = MotionErrors(weights, [torch.zeros(10, 3)])
     driver = ConstantDriver(n_actions)
     sim = simulated_inputs(driver, env_cfg, errors, envs=6, steps=40, seed=3, first_episode=100)
     assert sim.inputs.shape == (240, 5) and sim.targets.shape == (240, len(TARGET_COLUMNS))

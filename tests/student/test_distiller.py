@@ -197,6 +197,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and "heldout:" in proc.stdout and "simulated" in proc.stdout, proc.stderr[-3000:]
+    assert "motion estimates (R² after 2 s) from commands" in proc.stdout
     before, after = load_student(student).model.state_dict(), load_student(tmp_path / "fitted.pt").model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("estimator."))
