@@ -21,8 +21,10 @@ from adaptation.estimator_fit import replay_episodes
 from adaptation.history_encoder import ESTIMATES
 from adaptation.losses import TARGET_COLUMNS, denormalize_estimates, r2_score
 
-SOURCES = ("image", "history", "image+history")
-"""feature sets a probe reads: the image embedding of the step's frame, the history encoder's output, both"""
+SOURCES = ("image", "image pair", "history", "image+history")
+"""feature sets a probe reads: the image embedding of the step's frame, the embeddings of it and of the frame before
+(zeros before an episode's first frame: what a branch that compares two frames, without the commands, could read),
+the history encoder's output, both image and history"""
 
 
 @torch.no_grad()
@@ -30,18 +32,23 @@ def collect_features(
     model, data_dir: str | Path, min_step: int = 0, batch_frames: int = 4096, bf16: bool = False
 ) -> dict[str, Tensor]:
     """Replay every recorded episode through the frozen student (`replay_episodes`) and keep, for each step at least
-    `min_step` steps after its episode's start: the image embedding `image` (M, E), the history features `history`
-    (M, H; absent for a student without a history encoder), the student's estimates in physical units `estimates`
+    `min_step` steps after its episode's start: the image embedding `image` (M, E), the previous step's `image_prev`
+    (M, E; zeros at an episode's first step), the history features `history` (M, H; absent for a student without a
+    history encoder), the student's estimates in physical units `estimates`
     (M, len(ESTIMATES)), the true `targets` (M, len(TARGET_COLUMNS)) and the `episode` ids (M,)."""
     captured: dict[str, Tensor] = {}
     hooks = [model.encoder.register_forward_hook(lambda m, i, o: captured.__setitem__("image", o))]
     if model.history is not None:
         hooks.append(model.history.register_forward_hook(lambda m, i, o: captured.__setitem__("history", o)))
-    out: dict[str, list[Tensor]] = {"image": [], "history": [], "estimates": [], "targets": [], "episode": []}
+    out: dict[str, list[Tensor]] = {"image": [], "image_prev": [], "history": [], "estimates": [], "targets": [],
+                                    "episode": []}  # fmt: skip
     try:
         for batch in replay_episodes(model, data_dir, ("targets", "step"), batch_frames, bf16):
             b, t = batch.mask.shape
-            parts = {"image": captured["image"].float().view(b, t, -1)}
+            image = captured["image"].float().view(b, t, -1)
+            seen_before = torch.cat([torch.zeros_like(batch.mask[:, :1]), batch.mask[:, :-1]], 1)  # left padding
+            prev = torch.cat([torch.zeros_like(image[:, :1]), image[:, :-1]], 1) * seen_before[..., None]
+            parts = {"image": image, "image_prev": prev}
             if "history" in captured:
                 parts["history"] = captured["history"].float()
             if "estimates" in batch.heads:
@@ -81,6 +88,8 @@ def probe(features: dict[str, Tensor], holdout_every: int = 5, ridge: float = 1e
     the quantities it estimates), on the same steps of every `holdout_every`-th episode."""
     test = features["episode"] % holdout_every == 0
     sources = {"image": features["image"]}
+    if "image_prev" in features:
+        sources["image pair"] = torch.cat([features["image"], features["image_prev"]], -1)
     if "history" in features:
         sources["history"] = features["history"]
         sources["image+history"] = torch.cat([features["image"], features["history"]], -1)

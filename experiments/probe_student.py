@@ -5,6 +5,7 @@
 
 The student is replayed over every recorded episode from its start, as on the car; for each true quantity (both
 latencies, friction, motor gain, speed, lateral speed, yaw rate) a ridge regression from the frozen image embedding,
+the embeddings of the frame and the one before (`image pair`: what a two-frame branch without the commands could read),
 the history features and both is fitted on the steps of most episodes and scored (R^2) on every `--holdout-every`-th
 episode, beside the student's own estimate on the same steps. A probe far above the head: the features hold the
 quantity and the head fails to read it (loss weights, training). Probe and head both low: the features do not hold

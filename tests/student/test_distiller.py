@@ -231,7 +231,12 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     feats = collect_features(model, tmp_path / "data", min_step=2, batch_frames=40)
     late = data.step >= 2
     assert torch.equal(feats["episode"], data.episode[late]) and torch.equal(feats["targets"], data.targets[late])
-    assert feats["image"].shape == (int(late.sum()), STUDENT.encoder.embed_dim)
+    assert feats["image"].shape == feats["image_prev"].shape == (int(late.sum()), STUDENT.encoder.embed_dim)
+    follows = torch.nonzero(feats["episode"][1:] == feats["episode"][:-1])[:, 0] + 1  # rows after one of their own
+    assert torch.equal(feats["image_prev"][follows], feats["image"][follows - 1])
+    first = collect_features(model, tmp_path / "data", min_step=0, batch_frames=40)
+    starts = torch.nonzero(torch.cat([torch.tensor([True]), first["episode"][1:] != first["episode"][:-1]]))[:, 0]
+    assert not first["image_prev"][starts].any(), "nothing before an episode's first frame"
     assert feats["history"].shape[0] == int(late.sum())
     centre, scale = ESTIMATE_SCALE["speed"]  # the estimator's inputs hold the normalized speed estimate
     speed = feats["estimates"][:, ESTIMATES.index("speed")]
@@ -240,7 +245,7 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     result = probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), min_seconds=0.0,
                                     holdout_every=2, bf16="off", out_dir=str(tmp_path / "probe")))  # fmt: skip
     saved = json.loads((tmp_path / "probe" / "probe.json").read_text())
-    assert saved["r2"]["speed"].keys() >= {"head", "image", "history", "image+history"}
+    assert saved["r2"]["speed"].keys() >= {"head", "image", "image pair", "history", "image+history"}
     assert saved["steps"] == result["steps"] == len(data.episode)
     with pytest.raises(ConfigError, match="no manifest.json"):
         probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "nowhere")))
