@@ -249,6 +249,18 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     assert saved["steps"] == result["steps"] == len(data.episode)
     with pytest.raises(ConfigError, match="no manifest.json"):
         probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "nowhere")))
+    # The two-frame motion CNN and the estimator fits on its estimates and on the student's.
+    from experiments.probe_motion import ProbeMotionConfig
+    from experiments.probe_motion import main as probe_motion_main
+
+    result = probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), steps=2,
+                                                 batch=4, estimator_steps=2, bf16="off",
+                                                 out_dir=str(tmp_path / "pm")))  # fmt: skip
+    saved = json.loads((tmp_path / "pm" / "probe_motion.json").read_text())
+    assert saved["rows"] == result["rows"] == len(data.episode) and saved["receptive_field"] == 63
+    assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame"}
+    with pytest.raises(ConfigError, match="folds"):
+        ProbeMotionConfig(checkpoint=str(student), folds=1)
 
 
 def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):

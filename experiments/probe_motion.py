@@ -1,0 +1,134 @@
+"""Measure the car's motion from two frames without the commands, and what the factor estimator reads from that.
+
+    python -m experiments.probe_motion default --checkpoint runs/student/checkpoints/round_014.pt
+    python -m experiments.probe_motion default --checkpoint … --steps 5000 --estimator.dilations 1 2 4 8 16
+
+A fresh two-frame CNN (`adaptation.motion_branch`) is cross-fitted on the run's recorded frames to regress the body
+velocities, never seeing the commands; the factor estimator is then fitted twice on the same episodes (1 in 10 held
+out), once on the student's own motion estimates and once on the CNN's, and both are scored on the held-out episodes
+from 2 s after a start. A better friction or motor-gain score on the CNN's estimates says the student's estimates hide
+the car's response behind its commands. All recorded frames are held in memory (about 1.3 GB for 14 default rounds).
+Writes `probe_motion.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from adaptation.estimator_fit import _normalized_motion, episode_inputs, fit_estimator
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from adaptation.losses import r2_score
+from adaptation.motion_branch import cross_fit_motion, load_frames
+from envs.config_io import write_text_atomic
+from envs.errors import ConfigError, check_range
+from experiments.cli import run
+from experiments.fit_estimator import recorded_data
+from student.dagger import bf16_enabled
+from student.loaded import load_student
+
+MOTION_NAMES = ("speed", "lateral_speed", "yaw_rate")
+ESTIMATOR_SCORES = ("loop_latency_r2", "action_latency_r2", "friction_r2", "motor_gain_r2")
+
+
+@dataclass(frozen=True)
+class ProbeMotionConfig:
+    """Two-frame motion CNN and the factor-estimator fits on its estimates and on the student's."""
+
+    checkpoint: str = ""
+    """student checkpoint (required: its run's frames, and its own estimates to compare)"""
+    data_dir: str = ""
+    """the run's shard folder (default: `data` beside the checkpoint's `checkpoints` folder)"""
+    folds: int = 2
+    """episode folds of the cross-fit (each row estimated by a network that never saw its episode)"""
+    steps: int = 2500
+    """gradient steps of the CNN, per fold"""
+    batch: int = 64
+    """frame pairs per step"""
+    estimator: EstimatorConfig = field(default_factory=lambda: EstimatorConfig(dilations=(1, 2, 4, 8, 16)))
+    """the factor estimator fitted on both sets of estimates (default: 63 steps of history)"""
+    estimator_steps: int = 4000
+    """gradient steps of each factor-estimator fit"""
+    seed: int = 0
+    """seed of the CNN and of the fits"""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)"""
+    bf16: Literal["auto", "on", "off"] = "auto"
+    """bfloat16 autocast for the student's replay"""
+    out_dir: str = ""
+    """where probe_motion.json goes (default: `probe_motion` in the run directory)"""
+
+    def __post_init__(self) -> None:
+        check_range("folds", self.folds, 2, 100)
+        check_range("steps", self.steps, 1, 10_000_000)
+        check_range("batch", self.batch, 1, 100_000)
+        check_range("estimator_steps", self.estimator_steps, 1, 10_000_000)
+        if self.estimator.kind == "none":
+            raise ConfigError("--estimator.kind none: nothing to fit")
+
+
+def main(cfg: ProbeMotionConfig) -> dict:
+    if not cfg.checkpoint:
+        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)
+    student = load_student(cfg.checkpoint)
+    if student.model.history is None:
+        raise ConfigError(f"{cfg.checkpoint}: a student without a history encoder has no motion estimates to compare")
+    spec, dt = student.model.spec, student.env_cfg.dt_physics
+    hz = student.env_cfg.control_hz
+    after = int(round(2.0 * hz))
+    t0 = time.perf_counter()
+    frames = load_frames(data_dir)
+    branch, branch_r2 = cross_fit_motion(frames, cfg.folds, cfg.steps, cfg.batch, seed=cfg.seed, after_steps=after)
+    t1 = time.perf_counter()
+    own = episode_inputs(student.model, data_dir, bf16=bf16_enabled(cfg.bf16))
+    late = own.step >= after
+    truth = _normalized_motion(own.targets)
+    own_r2 = {n: r2_score(own.inputs[late, 2 + k], truth[late, k]) for k, n in enumerate(MOTION_NAMES)}
+
+    def fit(data) -> dict[str, float]:
+        torch.manual_seed(cfg.seed)
+        est = FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
+        stats = fit_estimator(est, data, dt, steps=cfg.estimator_steps, seed=cfg.seed, after_steps=after)
+        return {k: stats[f"heldout_after/{k}"] for k in ESTIMATOR_SCORES}
+
+    result = {
+        "checkpoint": cfg.checkpoint,
+        "data_dir": str(data_dir),
+        "rows": int(len(frames.episode)),
+        "episodes": int(len(torch.unique(frames.episode))),
+        "receptive_field": cfg.estimator.receptive_field,
+        "motion_r2": {"student": own_r2, "two_frame": branch_r2},
+        "estimator_heldout": {"student": fit(own), "two_frame": fit(frames.episode_inputs(branch))},
+        "cnn_seconds": t1 - t0,
+    }
+    result["seconds"] = time.perf_counter() - t0
+    console = Console()
+    table = Table(title=f"held-out R² ≥ 2 s after a start ({result['episodes']} episodes, {result['rows']:,} rows)")
+    table.add_column("motion estimates")
+    for c in (*MOTION_NAMES, *ESTIMATOR_SCORES):
+        table.add_column(c.removesuffix("_r2"))
+    for name, label in (("student", "the student's (frames + commands)"), ("two_frame", "two-frame CNN (no commands)")):
+        motion = result["motion_r2"][name]
+        est = result["estimator_heldout"][name]
+        table.add_row(label, *(f"{motion[c]:.2f}" for c in MOTION_NAMES), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
+    console.print(table)
+    out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
+    write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
+    console.print(f"results in [bold]{out.resolve()}[/]")
+    return result
+
+
+PRESETS = {"default": ("2 folds x 2,500 CNN steps; estimator over 63 steps", ProbeMotionConfig())}
+
+if __name__ == "__main__":
+    run(main, PRESETS, description=__doc__)
