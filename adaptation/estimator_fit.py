@@ -125,7 +125,7 @@ def episode_inputs(model, data_dir: str | Path, batch_frames: int = 4096, bf16: 
 EPISODE_FIELDS = ("inputs", "targets", "episode", "step")
 
 
-def _normalized_motion(targets: Tensor) -> Tensor:
+def normalized_motion(targets: Tensor) -> Tensor:
     """The true body velocities `(..., 3)` of `targets`, normalized as the history encoder estimates them."""
     return torch.stack(
         [(targets[..., TARGET_COLUMNS.index(n)] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for n in MOTION], -1
@@ -193,7 +193,7 @@ def motion_errors(data: EpisodeInputs, lags: int = COMMAND_LAGS) -> MotionErrors
     """Fit `MotionErrors` to the student's estimates (`data.inputs[:, 2:]`): least squares on the truth and the last
     `lags` commands, per velocity (0 lags: truth only, the gain then says how much the estimates shrink)."""
     est = data.inputs[:, 2:].double()
-    design = motion_design(_normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
+    design = motion_design(normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
     weights = torch.linalg.lstsq(design, est).solution
     res = (est - design @ weights).float()
     return MotionErrors(weights.float(), [res[a:b] for a, b in episode_spans(data.episode) if b - a > 0])
@@ -205,7 +205,7 @@ def estimate_sources(data: EpisodeInputs, after_steps: int = 30, lags: int = COM
     the steps from `after_steps` on. An estimate the commands explain as well as the truth does carries little of
     the car's actual response: the friction and motor gain cannot show through it."""
     est = data.inputs[:, 2:].double()
-    design = motion_design(_normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
+    design = motion_design(normalized_motion(data.targets).double(), data.inputs[:, :2], data.step, lags)
     rows = data.step >= after_steps
     parts = {"truth": slice(0, 4), "commands": [0, *range(4, design.shape[1])], "both": slice(None)}
     if int(rows.sum()) <= design.shape[1]:  # too few steps that long after a start to fit
@@ -253,7 +253,7 @@ def simulated_inputs(
         next_episode += int(done.sum())
     flat = lambda xs: torch.stack(xs, 1).flatten(0, 1).cpu()  # noqa: E731  env-major: each episode contiguous
     prev_t, targets_t, step_t, episode_t = flat(prev), flat(targets).float(), flat(steps_since), flat(episodes)
-    motion = errors.predict(_normalized_motion(targets_t), prev_t, step_t)
+    motion = errors.predict(normalized_motion(targets_t), prev_t, step_t)
     gen = torch.Generator().manual_seed(seed)
     for a, b in episode_spans(episode_t):
         motion[a:b] += errors.sample(b - a, gen)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from adaptation.estimator_fit import EpisodeInputs, _normalized_motion
+from adaptation.estimator_fit import EpisodeInputs, normalized_motion
+from adaptation.factor_estimator import MOTION
 from adaptation.losses import r2_score
 from datasets.rollouts import read_shards
 
@@ -96,7 +97,7 @@ def cross_fit_motion(
     if folds < 2:
         raise ValueError(f"folds={folds}: cross-fitting needs at least 2")
     gen = torch.Generator().manual_seed(seed)
-    target = _normalized_motion(frames.targets)
+    target = normalized_motion(frames.targets)
     fold = frames.episode % folds
     pred = torch.zeros_like(target)
     for f in range(folds):
@@ -122,7 +123,6 @@ def cross_fit_motion(
                 rows = test_rows[i : i + 1024]
                 pred[rows] = net(frame_pairs(frames, rows))
     late = frames.step >= after_steps
-    names = ("speed", "lateral_speed", "yaw_rate")
     scores = {n: r2_score(pred[late, k], target[late, k]) if bool(late.any()) else float("nan") for k, n in
-              enumerate(names)}  # fmt: skip
+              enumerate(MOTION)}  # fmt: skip
     return pred, scores

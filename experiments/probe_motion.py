@@ -23,8 +23,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from adaptation.estimator_fit import _normalized_motion, episode_inputs, fit_estimator
-from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from adaptation.estimator_fit import episode_inputs, fit_estimator, normalized_motion
+from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
 from adaptation.motion_branch import cross_fit_motion, load_frames
 from envs.config_io import write_text_atomic
@@ -34,7 +34,6 @@ from experiments.fit_estimator import recorded_data
 from student.dagger import bf16_enabled
 from student.loaded import load_student
 
-MOTION_NAMES = ("speed", "lateral_speed", "yaw_rate")
 ESTIMATOR_SCORES = ("loop_latency_r2", "action_latency_r2", "friction_r2", "motor_gain_r2")
 
 
@@ -92,8 +91,8 @@ def main(cfg: ProbeMotionConfig) -> dict:
     t1 = time.perf_counter()
     own = episode_inputs(student.model, data_dir, bf16=bf16_enabled(cfg.bf16))
     late = own.step >= after
-    truth = _normalized_motion(own.targets)
-    own_r2 = {n: r2_score(own.inputs[late, 2 + k], truth[late, k]) for k, n in enumerate(MOTION_NAMES)}
+    truth = normalized_motion(own.targets)
+    own_r2 = {n: r2_score(own.inputs[late, 2 + k], truth[late, k]) for k, n in enumerate(MOTION)}
 
     def fit(data) -> dict[str, float]:
         torch.manual_seed(cfg.seed)
@@ -115,12 +114,12 @@ def main(cfg: ProbeMotionConfig) -> dict:
     console = Console()
     table = Table(title=f"held-out R² ≥ 2 s after a start ({result['episodes']} episodes, {result['rows']:,} rows)")
     table.add_column("motion estimates")
-    for c in (*MOTION_NAMES, *ESTIMATOR_SCORES):
+    for c in (*MOTION, *ESTIMATOR_SCORES):
         table.add_column(c.removesuffix("_r2"))
     for name, label in (("student", "the student's (frames + commands)"), ("two_frame", "two-frame CNN (no commands)")):
         motion = result["motion_r2"][name]
         est = result["estimator_heldout"][name]
-        table.add_row(label, *(f"{motion[c]:.2f}" for c in MOTION_NAMES), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
+        table.add_row(label, *(f"{motion[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
     console.print(table)
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
