@@ -87,7 +87,9 @@ class FitEstimatorConfig:
 
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
     """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
-    when it holds no manifest."""
+    when it holds no manifest (and without a checkpoint: every script reading a run's episodes needs the student)."""
+    if not checkpoint:
+        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     path = Path(data_dir) if data_dir else Path(checkpoint).resolve().parent.parent / "data"
     if not (path / "manifest.json").is_file():
         raise ConfigError(f"--data-dir {path}: no manifest.json (the run's recorded episodes)")
@@ -95,8 +97,6 @@ def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
 
 
 def main(cfg: FitEstimatorConfig) -> dict:
-    if not cfg.checkpoint:
-        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     if cfg.estimator.kind == "none":
         raise ConfigError("--estimator.kind none: nothing to fit")
     if cfg.threads > 0:

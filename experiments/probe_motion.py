@@ -74,8 +74,6 @@ class ProbeMotionConfig:
 
 
 def main(cfg: ProbeMotionConfig) -> dict:
-    if not cfg.checkpoint:
-        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)

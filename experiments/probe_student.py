@@ -27,7 +27,7 @@ from rich.table import Table
 
 from adaptation.probe import SOURCES, collect_features, probe
 from envs.config_io import write_text_atomic
-from envs.errors import ConfigError, check_range
+from envs.errors import check_range
 from experiments.cli import run
 from experiments.fit_estimator import recorded_data
 from student.dagger import bf16_enabled
@@ -60,8 +60,6 @@ class ProbeConfig:
 
 
 def main(cfg: ProbeConfig) -> dict:
-    if not cfg.checkpoint:
-        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)
     student = load_student(cfg.checkpoint)
     t0 = time.perf_counter()

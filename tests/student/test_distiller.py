@@ -249,6 +249,8 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     assert saved["steps"] == result["steps"] == len(data.episode)
     with pytest.raises(ConfigError, match="no manifest.json"):
         probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "nowhere")))
+    with pytest.raises(ConfigError, match="--checkpoint is required"):
+        probe_main(ProbeConfig())
     # The two-frame motion CNN and the estimator fits on its estimates and on the student's.
     from experiments.probe_motion import ProbeMotionConfig
     from experiments.probe_motion import main as probe_motion_main
