@@ -127,8 +127,14 @@ EPISODE_FIELDS = ("inputs", "targets", "episode", "step")
 
 def normalized_motion(targets: Tensor) -> Tensor:
     """The true body velocities `(..., 3)` of `targets`, normalized as the history encoder estimates them."""
+    return normalize_velocities(targets[..., [TARGET_COLUMNS.index(n) for n in MOTION]])
+
+
+def normalize_velocities(velocities: Tensor) -> Tensor:
+    """Body velocities `(..., 3)` in `MOTION` order (m/s, m/s, rad/s), normalized as the history encoder estimates
+    them."""
     return torch.stack(
-        [(targets[..., TARGET_COLUMNS.index(n)] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for n in MOTION], -1
+        [(velocities[..., k] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for k, n in enumerate(MOTION)], -1
     )
 
 

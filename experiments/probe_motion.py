@@ -1,14 +1,15 @@
-"""Measure the car's motion from two frames without the commands, and what the factor estimator reads from that.
+"""Measure the car's motion from the frames without the commands, and what the factor estimator reads from that.
 
     python -m experiments.probe_motion default --checkpoint runs/student/checkpoints/round_014.pt
-    python -m experiments.probe_motion default --checkpoint … --steps 5000 --estimator.dilations 1 2 4 8 16
+    python -m experiments.probe_motion default --checkpoint … --sources odometry --estimator.dilations 1 2 4 8
 
-A fresh two-frame CNN (`adaptation.motion_branch`) is cross-fitted on the run's recorded frames to regress the body
-velocities, never seeing the commands; the factor estimator is then fitted twice on the same episodes (1 in 10 held
-out), once on the student's own motion estimates and once on the CNN's, and both are scored on the held-out episodes
-from 2 s after a start. A better friction or motor-gain score on the CNN's estimates says the student's estimates hide
-the car's response behind its commands. All recorded frames are held in memory (about 1.3 GB for 14 default rounds).
-Writes `probe_motion.json`.
+Two command-free motion sources, each giving every recorded row's body velocities: `two_frame`, a fresh two-frame
+CNN (`adaptation.motion_branch`) cross-fitted on the run's recorded frames to regress them; `odometry`, planar visual
+odometry through the calibrated camera (`adaptation.odometry`, nothing learned). The factor estimator is then fitted on
+the same episodes (1 in 10 held out) once on the student's own motion estimates and once on each source's, and all are
+scored on the held-out episodes from 2 s after a start. A better friction or motor-gain score on a command-free source
+says the student's estimates hide the car's response behind its commands. All recorded frames are held in memory
+(about 1.3 GB for 14 default rounds). Writes `probe_motion.json`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator, normalized_motion
+from adaptation.estimator_fit import episode_inputs, fit_estimator, normalize_velocities, normalized_motion
 from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
 from adaptation.motion_branch import cross_fit_motion, load_frames
+from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
@@ -35,6 +37,11 @@ from student.dagger import bf16_enabled
 from student.loaded import load_student
 
 ESTIMATOR_SCORES = ("loop_latency_r2", "action_latency_r2", "friction_r2", "motor_gain_r2")
+SOURCES = {
+    "student": "the student's (frames + commands)",
+    "two_frame": "two-frame CNN (no commands)",
+    "odometry": "planar odometry (no commands)",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class ProbeMotionConfig:
 
     checkpoint: str = ""
     """student checkpoint (required: its run's frames, and its own estimates to compare)"""
+    sources: tuple[Literal["two_frame", "odometry"], ...] = ("two_frame", "odometry")
+    """command-free motion sources compared with the student's estimates"""
+    odometry: OdometryConfig = field(default_factory=OdometryConfig)
+    """planar visual odometry through the run's calibrated camera"""
     data_dir: str = ""
     """the run's shard folder (default: `data` beside the checkpoint's `checkpoints` folder)"""
     folds: int = 2
@@ -71,6 +82,8 @@ class ProbeMotionConfig:
         check_range("estimator_steps", self.estimator_steps, 1, 10_000_000)
         if self.estimator.kind == "none":
             raise ConfigError("--estimator.kind none: nothing to fit")
+        if not self.sources or len(set(self.sources)) != len(self.sources):
+            raise ConfigError(f"--sources {' '.join(self.sources)}: give one or more of two_frame odometry, once each")
 
 
 def main(cfg: ProbeMotionConfig) -> dict:
@@ -85,12 +98,27 @@ def main(cfg: ProbeMotionConfig) -> dict:
     after = int(round(2.0 * hz))
     t0 = time.perf_counter()
     frames = load_frames(data_dir)
-    branch, branch_r2 = cross_fit_motion(frames, cfg.folds, cfg.steps, cfg.batch, seed=cfg.seed, after_steps=after)
-    t1 = time.perf_counter()
+    truth = normalized_motion(frames.targets)
+    late = frames.step >= after
+    motion, seconds = {}, {}
+    for source in cfg.sources:
+        t1 = time.perf_counter()
+        if source == "two_frame":
+            motion[source] = cross_fit_motion(
+                frames, cfg.folds, cfg.steps, cfg.batch, seed=cfg.seed, after_steps=after
+            )[0]
+        else:
+            odometry = PlanarOdometry(student.env_cfg.optics, cfg.odometry)
+            velocities = track_episodes(odometry, frames.camera, frames.episode, frames.step, student.env_cfg.dt)
+            motion[source] = normalize_velocities(velocities)
+        seconds[source] = time.perf_counter() - t1
     own = episode_inputs(student.model, data_dir, bf16=bf16_enabled(cfg.bf16))
-    late = own.step >= after
-    truth = normalized_motion(own.targets)
-    own_r2 = {n: r2_score(own.inputs[late, 2 + k], truth[late, k]) for k, n in enumerate(MOTION)}
+    if not torch.equal(own.episode, frames.episode):
+        raise ValueError(f"{data_dir}: the student's replay and the frames disagree on the rows")
+    motion = {"student": own.inputs[:, 2:], **motion}
+    motion_r2 = {
+        name: {n: r2_score(m[late, k], truth[late, k]) for k, n in enumerate(MOTION)} for name, m in motion.items()
+    }
 
     def fit(data) -> dict[str, float]:
         torch.manual_seed(cfg.seed)
@@ -104,9 +132,11 @@ def main(cfg: ProbeMotionConfig) -> dict:
         "rows": int(len(frames.episode)),
         "episodes": int(len(torch.unique(frames.episode))),
         "receptive_field": cfg.estimator.receptive_field,
-        "motion_r2": {"student": own_r2, "two_frame": branch_r2},
-        "estimator_heldout": {"student": fit(own), "two_frame": fit(frames.episode_inputs(branch))},
-        "cnn_seconds": t1 - t0,
+        "motion_r2": motion_r2,
+        "estimator_heldout": {
+            name: fit(own if name == "student" else frames.episode_inputs(m)) for name, m in motion.items()
+        },
+        "source_seconds": seconds,
     }
     result["seconds"] = time.perf_counter() - t0
     console = Console()
@@ -114,10 +144,9 @@ def main(cfg: ProbeMotionConfig) -> dict:
     table.add_column("motion estimates")
     for c in (*MOTION, *ESTIMATOR_SCORES):
         table.add_column(c.removesuffix("_r2"))
-    for name, label in (("student", "the student's (frames + commands)"), ("two_frame", "two-frame CNN (no commands)")):
-        motion = result["motion_r2"][name]
-        est = result["estimator_heldout"][name]
-        table.add_row(label, *(f"{motion[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
+    for name in motion:
+        m, est = result["motion_r2"][name], result["estimator_heldout"][name]
+        table.add_row(SOURCES[name], *(f"{m[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
     console.print(table)
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
@@ -125,7 +154,12 @@ def main(cfg: ProbeMotionConfig) -> dict:
     return result
 
 
-PRESETS = {"default": ("2 folds x 2,500 CNN steps; estimator over 63 steps", ProbeMotionConfig())}
+PRESETS = {
+    "default": (
+        "two-frame CNN (2 folds x 2,500 steps) and planar odometry; estimator over 63 steps",
+        ProbeMotionConfig(),
+    )
+}
 
 if __name__ == "__main__":
     run(main, PRESETS, description=__doc__)

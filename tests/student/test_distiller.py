@@ -260,9 +260,11 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
                                                  out_dir=str(tmp_path / "pm")))  # fmt: skip
     saved = json.loads((tmp_path / "pm" / "probe_motion.json").read_text())
     assert saved["rows"] == result["rows"] == len(data.episode) and saved["receptive_field"] == 63
-    assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame"}
+    assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame", "odometry"}
     with pytest.raises(ConfigError, match="folds"):
         ProbeMotionConfig(checkpoint=str(student), folds=1)
+    with pytest.raises(ConfigError, match="once each"):
+        ProbeMotionConfig(checkpoint=str(student), sources=("odometry", "odometry"))
 
 
 def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):
