@@ -78,8 +78,8 @@ def test_body_velocity_takes_the_mid_interval_heading():
 def test_tracks_episodes_from_rest_in_any_row_order(scene):
     """Two cars accelerating from rest along the centreline (one in the bend, one turning into it), recorded
     as one episode each: the tracked velocities follow the truth (median errors 1-2 cm/s forward, 3-4 mm/s
-    sideways, about 0.02 rad/s in yaw; a few frames are off by up to 0.2 m/s), and shuffling the episodes' rows (each in step
-    order) changes nothing."""
+    sideways, about 0.02 rad/s in yaw; a few frames are off by up to 0.2 m/s), and shuffling the episodes' rows
+    (each in step order) changes nothing."""
     optics, dt, steps = CameraConfig(), 1 / 15, 24
     camera = ProjectiveCamera(scene, optics)
     t = torch.arange(steps) * dt
