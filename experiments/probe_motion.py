@@ -113,12 +113,16 @@ def main(cfg: ProbeMotionConfig) -> dict:
             motion[source] = normalize_velocities(velocities)
         seconds[source] = time.perf_counter() - t1
     own = episode_inputs(student.model, data_dir, bf16=bf16_enabled(cfg.bf16))
-    if not torch.equal(own.episode, frames.episode):
-        raise ValueError(f"{data_dir}: the student's replay and the frames disagree on the rows")
-    motion = {"student": own.inputs[:, 2:], **motion}
+    own_late = own.step >= after
+    own_truth = normalized_motion(own.targets)
     motion_r2 = {
-        name: {n: r2_score(m[late, k], truth[late, k]) for k, n in enumerate(MOTION)} for name, m in motion.items()
+        "student": {n: r2_score(own.inputs[own_late, 2 + k], own_truth[own_late, k]) for k, n in enumerate(MOTION)}
     }
+    for name, m in motion.items():
+        motion_r2[name] = {n: r2_score(m[late, k], truth[late, k]) for k, n in enumerate(MOTION)}
+    out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"episode": frames.episode, "step": frames.step, **motion}, out / "motion.pt")
 
     def fit(data) -> dict[str, float]:
         torch.manual_seed(cfg.seed)
@@ -134,7 +138,8 @@ def main(cfg: ProbeMotionConfig) -> dict:
         "receptive_field": cfg.estimator.receptive_field,
         "motion_r2": motion_r2,
         "estimator_heldout": {
-            name: fit(own if name == "student" else frames.episode_inputs(m)) for name, m in motion.items()
+            "student": fit(own),
+            **{name: fit(frames.episode_inputs(m)) for name, m in motion.items()},
         },
         "source_seconds": seconds,
     }
@@ -144,11 +149,10 @@ def main(cfg: ProbeMotionConfig) -> dict:
     table.add_column("motion estimates")
     for c in (*MOTION, *ESTIMATOR_SCORES):
         table.add_column(c.removesuffix("_r2"))
-    for name in motion:
+    for name in result["motion_r2"]:
         m, est = result["motion_r2"][name], result["estimator_heldout"][name]
         table.add_row(SOURCES[name], *(f"{m[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
     console.print(table)
-    out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/]")
     return result
