@@ -23,12 +23,14 @@ from typing import Literal
 import torch
 from rich.console import Console
 from rich.table import Table
+from torch import Tensor
 
 from adaptation.estimator_fit import episode_inputs, fit_estimator, normalize_velocities, normalized_motion
 from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
 from adaptation.motion_branch import cross_fit_motion, load_frames
 from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
+from datasets.checkpoints import save_atomic
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
@@ -98,8 +100,6 @@ def main(cfg: ProbeMotionConfig) -> dict:
     after = int(round(2.0 * hz))
     t0 = time.perf_counter()
     frames = load_frames(data_dir)
-    truth = normalized_motion(frames.targets)
-    late = frames.step >= after
     motion, seconds = {}, {}
     for source in cfg.sources:
         t1 = time.perf_counter()
@@ -113,16 +113,16 @@ def main(cfg: ProbeMotionConfig) -> dict:
             motion[source] = normalize_velocities(velocities)
         seconds[source] = time.perf_counter() - t1
     own = episode_inputs(student.model, data_dir, bf16=bf16_enabled(cfg.bf16))
-    own_late = own.step >= after
-    own_truth = normalized_motion(own.targets)
-    motion_r2 = {
-        "student": {n: r2_score(own.inputs[own_late, 2 + k], own_truth[own_late, k]) for k, n in enumerate(MOTION)}
-    }
-    for name, m in motion.items():
-        motion_r2[name] = {n: r2_score(m[late, k], truth[late, k]) for k, n in enumerate(MOTION)}
+
+    def motion_scores(estimates: Tensor, targets: Tensor, step: Tensor) -> dict[str, float]:
+        late = step >= after
+        truth = normalized_motion(targets)
+        return {n: r2_score(estimates[late, k], truth[late, k]) for k, n in enumerate(MOTION)}
+
+    motion_r2 = {"student": motion_scores(own.inputs[:, 2:], own.targets, own.step)}
+    motion_r2.update({name: motion_scores(m, frames.targets, frames.step) for name, m in motion.items()})
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"episode": frames.episode, "step": frames.step, **motion}, out / "motion.pt")
+    save_atomic({"episode": frames.episode, "step": frames.step, **motion}, out / "motion.pt")
 
     def fit(data) -> dict[str, float]:
         torch.manual_seed(cfg.seed)
