@@ -34,6 +34,7 @@ from adaptation.evaluation import estimate_targets
 from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
 from adaptation.observability import blind_factor, driving_env
+from adaptation.odometry import PlanarOdometry, pose_change
 from datasets.rollouts import read_shards
 
 
@@ -229,7 +230,7 @@ def estimate_sources(data: EpisodeInputs, after_steps: int = 30, lags: int = COM
 def simulated_inputs(
     driver,
     env_cfg,
-    errors: MotionErrors,
+    errors: MotionErrors | None,
     envs: int = 1024,
     steps: int = 300,
     seed: int = 0,
@@ -238,18 +239,21 @@ def simulated_inputs(
 ) -> EpisodeInputs:
     """Estimator inputs and true targets of `envs` cars driven `steps` control steps by `driver` (a teacher) in
     `env_cfg`'s world without a camera, blind to `blind` (the factors the student does not see), each car drawing a
-    new world per episode. The motion inputs are `errors` applied to the true body velocities. Episode ids start at
-    `first_episode`; rows are grouped by episode, in step order."""
+    new world per episode. The motion inputs are `errors` applied to the true body velocities, or with `errors` None
+    what exact planar odometry reads: the body velocities of the camera's pose change between consecutive frames
+    (`adaptation.odometry.PlanarOdometry` measures the same from the frames; zeros at an episode's first step). Episode
+    ids start at `first_episode`; rows are grouped by episode, in step order."""
     env = driving_env(replace(env_cfg, seed=seed), envs)
     obs = env.get_observations()
     episode = torch.arange(envs) + first_episode
     next_episode = first_episode + envs
-    prev, targets, steps_since, episodes = [], [], [], []
+    prev, targets, steps_since, episodes, poses = [], [], [], [], []
     for _ in range(steps):
         prev.append(obs["proprio"][:, :2].clone())
         targets.append(estimate_targets(env))
         steps_since.append(env.episode_length_buf.clone())
         episodes.append(episode.clone())
+        poses.append(env.camera_pose().clone())
         seen = obs
         for name in blind:
             seen = blind_factor(seen, name)
@@ -257,8 +261,15 @@ def simulated_inputs(
         done = dones.bool().cpu()
         episode[done] = torch.arange(next_episode, next_episode + int(done.sum()))
         next_episode += int(done.sum())
-    flat = lambda xs: torch.stack(xs, 1).flatten(0, 1).cpu()  # noqa: E731  env-major: each episode contiguous
-    prev_t, targets_t, step_t, episode_t = flat(prev), flat(targets).float(), flat(steps_since), flat(episodes)
+    stack = lambda xs: torch.stack(xs, 1).cpu()  # noqa: E731  (envs, steps, ...): env-major, each episode contiguous
+    prev_t, targets_t, step_t, episode_t = (stack(x).flatten(0, 1) for x in (prev, targets, steps_since, episodes))
+    targets_t = targets_t.float()
+    if errors is None:
+        pose = stack(poses)
+        velocity = PlanarOdometry.body_velocity(pose_change(pose[:, :-1], pose[:, 1:]), env_cfg.dt)
+        velocity = torch.cat([torch.zeros_like(velocity[:, :1]), velocity], 1).flatten(0, 1)
+        motion = normalize_velocities(velocity * (step_t > 0).float()[:, None])
+        return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
     motion = errors.predict(normalized_motion(targets_t), prev_t, step_t)
     gen = torch.Generator().manual_seed(seed)
     for a, b in episode_spans(episode_t):

@@ -188,6 +188,15 @@ class PlanarOdometry:
         return torch.stack([vx, vy, motion[..., 2]], -1) / dt
 
 
+def pose_change(before: Tensor, after: Tensor) -> Tensor:
+    """Planar poses `(..., 3)` (x, y, yaw of the centre of gravity) -> the motion between them `(..., 3)` as
+    `PlanarOdometry` measures it: forward and left displacement in the first pose's frame and the yaw change."""
+    d = after[..., :2] - before[..., :2]
+    c, s = torch.cos(before[..., 2]), torch.sin(before[..., 2])
+    dyaw = torch.remainder(after[..., 2] - before[..., 2] + math.pi, 2 * math.pi) - math.pi
+    return torch.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1], dyaw], -1)
+
+
 def track_episodes(
     odometry: PlanarOdometry, camera: Tensor, episode: Tensor, step: Tensor, dt: float, chunk: int = 64
 ) -> Tensor:

@@ -10,6 +10,14 @@ the same episodes (1 in 10 held out) once on the student's own motion estimates 
 scored on the held-out episodes from 2 s after a start. A better friction or motor-gain score on a command-free source
 says the student's estimates hide the car's response behind its commands. All recorded frames are held in memory
 (about 1.3 GB for 14 default rounds). Writes `probe_motion.json`.
+
+`--sim-envs N` adds the other side: estimators trained only on simulated worlds (the run's teacher, blind to friction
+and motor gain, drives N cars without a camera; a new world per episode), one per `--sim-motion`: `odometry`, what
+exact planar odometry reads there (the camera's pose change between frames, a camera latency behind the car), and
+`exact`, the car's true body velocities at each step. Each is scored on held-out simulated worlds (what the estimator
+can do with that motion measured exactly) and on the recorded episodes with each motion source and with the true
+velocities (what is left of it on the student's own driving). `--motion-from` reads a source's velocities from an
+earlier run's `motion.pt` instead of measuring them again (the odometry takes about 18 ms per frame pair here).
 """
 
 from __future__ import annotations
@@ -25,25 +33,36 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator, normalize_velocities, normalized_motion
+from adaptation.estimator_fit import (
+    EpisodeInputs,
+    episode_inputs,
+    fit_estimator,
+    normalize_velocities,
+    normalized_motion,
+    score,
+    simulated_inputs,
+)
 from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
-from adaptation.motion_branch import cross_fit_motion, load_frames
+from adaptation.motion_branch import RecordedFrames, cross_fit_motion, load_frames
 from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
-from datasets.checkpoints import save_atomic
+from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
 from experiments.fit_estimator import recorded_data
 from student.dagger import bf16_enabled
-from student.loaded import load_student
+from student.loaded import STUDENT_KIND, load_student
+from teacher.policy import load_teacher
 
 ESTIMATOR_SCORES = ("loop_latency_r2", "action_latency_r2", "friction_r2", "motor_gain_r2")
 SOURCES = {
     "student": "the student's (frames + commands)",
     "two_frame": "two-frame CNN (no commands)",
     "odometry": "planar odometry (no commands)",
+    "exact": "the true body velocities",
 }
+SIM_MOTION = {"odometry": "exact odometry", "exact": "the true body velocities"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,18 @@ class ProbeMotionConfig:
     """the factor estimator fitted on both sets of estimates (default: 63 steps of history)"""
     estimator_steps: int = 4000
     """gradient steps of each factor-estimator fit"""
+    motion_from: str = ""
+    """an earlier run's `motion.pt`: the sources it holds are read from it, not measured again"""
+    sim_envs: int = 0
+    """cars driving simulated worlds for estimators trained there alone (0: none)"""
+    sim_motion: tuple[Literal["odometry", "exact"], ...] = ("odometry", "exact")
+    """motion inputs of the simulated worlds: exact odometry (the camera's pose change) and/or the true velocities"""
+    sim_seconds: float = 20.0
+    """driving per simulated car (s); each car starts a new world whenever its episode ends"""
+    sim_estimator_steps: int = 12000
+    """gradient steps of the estimator fitted on the simulated worlds"""
+    teacher: str = ""
+    """driver of the simulated worlds (default: the run's teacher, as the checkpoint names it)"""
     seed: int = 0
     """seed of the CNN and of the fits"""
     threads: int = 0
@@ -82,6 +113,13 @@ class ProbeMotionConfig:
         check_range("steps", self.steps, 1, 10_000_000)
         check_range("batch", self.batch, 1, 100_000)
         check_range("estimator_steps", self.estimator_steps, 1, 10_000_000)
+        check_range("sim_envs", self.sim_envs, 0, 1_000_000)
+        check_range("sim_seconds", self.sim_seconds, 0.1, 3600.0)
+        check_range("sim_estimator_steps", self.sim_estimator_steps, 1, 10_000_000)
+        if not self.sim_motion or len(set(self.sim_motion)) != len(self.sim_motion):
+            raise ConfigError(
+                f"--sim-motion {' '.join(self.sim_motion)}: give one or both of odometry exact, once each"
+            )
         if self.estimator.kind == "none":
             raise ConfigError("--estimator.kind none: nothing to fit")
         if not self.sources or len(set(self.sources)) != len(self.sources):
@@ -101,9 +139,12 @@ def main(cfg: ProbeMotionConfig) -> dict:
     t0 = time.perf_counter()
     frames = load_frames(data_dir)
     motion, seconds = {}, {}
+    saved = saved_motion(cfg.motion_from, frames) if cfg.motion_from else {}
     for source in cfg.sources:
         t1 = time.perf_counter()
-        if source == "two_frame":
+        if source in saved:
+            motion[source] = saved[source]
+        elif source == "two_frame":
             motion[source] = cross_fit_motion(
                 frames, cfg.folds, cfg.steps, cfg.batch, seed=cfg.seed, after_steps=after
             )[0]
@@ -124,12 +165,18 @@ def main(cfg: ProbeMotionConfig) -> dict:
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
     save_atomic({"episode": frames.episode, "step": frames.step, **motion}, out / "motion.pt")
 
-    def fit(data) -> dict[str, float]:
+    def new_estimator() -> FactorEstimator:
         torch.manual_seed(cfg.seed)
-        est = FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
-        stats = fit_estimator(est, data, dt, steps=cfg.estimator_steps, seed=cfg.seed, after_steps=after)
+        return FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
+
+    def heldout(stats: dict[str, float]) -> dict[str, float]:
         return {k: stats[f"heldout_after/{k}"] for k in ESTIMATOR_SCORES}
 
+    def fit(data) -> dict[str, float]:
+        return heldout(fit_estimator(new_estimator(), data, dt, steps=cfg.estimator_steps, seed=cfg.seed,
+                                     after_steps=after))  # fmt: skip
+
+    inputs = {"student": own, **{name: frames.episode_inputs(m) for name, m in motion.items()}}
     result = {
         "checkpoint": cfg.checkpoint,
         "data_dir": str(data_dir),
@@ -137,12 +184,36 @@ def main(cfg: ProbeMotionConfig) -> dict:
         "episodes": int(len(torch.unique(frames.episode))),
         "receptive_field": cfg.estimator.receptive_field,
         "motion_r2": motion_r2,
-        "estimator_heldout": {
-            "student": fit(own),
-            **{name: fit(frames.episode_inputs(m)) for name, m in motion.items()},
-        },
+        "estimator_heldout": {name: fit(data) for name, data in inputs.items()},
         "source_seconds": seconds,
     }
+    if cfg.sim_envs > 0:
+        teacher_path = cfg.teacher or str(load_checkpoint(cfg.checkpoint, kind=STUDENT_KIND).get("teacher_path", ""))
+        if not teacher_path:
+            raise ConfigError(f"{cfg.checkpoint} names no teacher; give --teacher to drive the simulated worlds")
+        steps = max(1, int(round(cfg.sim_seconds * hz)))
+        sim = simulated_inputs(load_teacher(teacher_path), student.env_cfg, None, cfg.sim_envs, steps, cfg.seed + 1)
+        inputs["exact"] = frames.episode_inputs(normalized_motion(frames.targets))
+        result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
+        for kind in cfg.sim_motion:
+            t1 = time.perf_counter()
+            data = (
+                sim
+                if kind == "odometry"
+                else EpisodeInputs(
+                    torch.cat([sim.inputs[:, :2], normalized_motion(sim.targets)], -1),
+                    sim.targets,
+                    sim.episode,
+                    sim.step,
+                )
+            )
+            est = new_estimator()
+            stats = fit_estimator(est, data, dt, steps=cfg.sim_estimator_steps, seed=cfg.seed, after_steps=after)
+            result["simulated"][kind] = {
+                "heldout_simulated": heldout(stats),
+                "recorded": {name: recorded_scores(est, data, dt, after) for name, data in inputs.items()},
+                "seconds": time.perf_counter() - t1,
+            }
     result["seconds"] = time.perf_counter() - t0
     console = Console()
     table = Table(title=f"held-out R² ≥ 2 s after a start ({result['episodes']} episodes, {result['rows']:,} rows)")
@@ -153,9 +224,36 @@ def main(cfg: ProbeMotionConfig) -> dict:
         m, est = result["motion_r2"][name], result["estimator_heldout"][name]
         table.add_row(SOURCES[name], *(f"{m[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
     console.print(table)
+    for kind in cfg.sim_motion if "simulated" in result else ():
+        sim = result["simulated"][kind]
+        table = Table(title=f"estimator trained on {result['simulated']['episodes']:,} simulated worlds with "
+                            f"{SIM_MOTION[kind]}, R² ≥ 2 s after a start")  # fmt: skip
+        table.add_column("scored on")
+        for c in ESTIMATOR_SCORES:
+            table.add_column(c.removesuffix("_r2"))
+        rows = {f"held-out simulated worlds ({SIM_MOTION[kind]})": sim["heldout_simulated"]}
+        rows.update({f"recorded episodes, {SOURCES[name]}": v for name, v in sim["recorded"].items()})
+        for name, v in rows.items():
+            table.add_row(name, *(f"{v[c]:.2f}" for c in ESTIMATOR_SCORES))
+        console.print(table)
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/]")
     return result
+
+
+def saved_motion(path: str, frames: RecordedFrames) -> dict[str, Tensor]:
+    """The motion sources of an earlier run's `motion.pt`, refused by name unless its rows are this run's."""
+    saved = load_checkpoint(path)
+    if not (torch.equal(saved.get("episode", torch.empty(0)), frames.episode)
+            and torch.equal(saved.get("step", torch.empty(0)), frames.step)):  # fmt: skip
+        raise ConfigError(f"--motion-from {path}: its rows are not this run's recorded episodes")
+    return {k: v for k, v in saved.items() if k in SOURCES}
+
+
+def recorded_scores(estimator: FactorEstimator, data: EpisodeInputs, dt: float, after: int) -> dict[str, float]:
+    """An estimator fitted elsewhere, scored on every recorded episode from `after` steps on."""
+    stats = score(estimator, data, torch.arange(len(data.episode)), dt, min_step=after)
+    return {k: stats[k] for k in ESTIMATOR_SCORES}
 
 
 PRESETS = {

@@ -236,8 +236,7 @@ class RacingEnv:
             delayed = self.action_delay.read(latency)
             steer_now = delayed[:, 0] if self.effects is None else self.effects.servo(delayed[:, 0])
             self.physics.advance(steer_now, delayed[:, 1])
-            if self.camera is not None:  # the camera sees the pose of `camera_latency` substeps ago
-                self.pose_delay.push(self.physics.pose())
+            self.pose_delay.push(self.physics.pose())  # the camera sees the pose of `camera_latency` substeps ago
 
         state = self.physics.state
         proj = self._project_all(torch.stack([state.x, state.y], -1), state.yaw, hint=self.segment)
@@ -347,10 +346,15 @@ class RacingEnv:
             "proprio": self._proprio(state),
         }  # fmt: skip
         if self.camera is not None:
-            pose = self.pose_delay.read(self.world.camera_latency)
+            pose = self.camera_pose()
             frames = self.camera.render(pose[:, 0], pose[:, 1], pose[:, 2], self.visuals)
             groups["camera"] = frames if self.sensor is None else self.sensor.apply(frames, self.generator)
         return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
+
+    def camera_pose(self) -> Tensor:
+        """The pose `(N, 3)` (x, y, yaw of the centre of gravity) the latest frame was taken from: `camera_latency`
+        substeps ago. Kept with or without a camera, so a camera-free env knows what its frames would show."""
+        return self.pose_delay.read(self.world.camera_latency)
 
     def travel_frame(self) -> tuple[Tensor, Tensor, Tensor]:
         """Lateral offset (+ left of travel), heading error to the travel direction, half width: each `(N,)`."""

@@ -17,6 +17,7 @@ from adaptation.estimator_fit import (
     simulated_inputs,
 )
 from adaptation.evaluation import seconds_to_follow
+from adaptation.factor_estimator import MOTION as MOTION_NAMES
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
@@ -229,6 +230,39 @@ def test_simulated_worlds_give_contiguous_episodes_blind_driving_and_the_student
         assert float(shown.std()) < 1e-6
     again = simulated_inputs(ConstantDriver(n_actions), env_cfg, errors, envs=6, steps=40, seed=3, first_episode=100)
     assert torch.equal(again.targets, sim.targets)
+
+
+def test_simulated_worlds_with_exact_odometry_read_the_cameras_pose_change():
+    from dataclasses import replace
+
+    from adaptation.estimator_fit import normalize_velocities, normalized_motion
+    from envs.racing.env import RacingEnv
+
+    env_cfg = EnvConfig(num_envs=4, camera="none", compile=False)
+    driver = ConstantDriver(RacingEnv(env_cfg).action_space.num_actions)
+
+    def speeds(cfg):
+        sim = simulated_inputs(driver, cfg, None, envs=6, steps=40, seed=3, first_episode=100)
+        still = normalize_velocities(torch.zeros(1, 3))  # no frame before an episode's first: no motion
+        assert torch.allclose(sim.inputs[sim.step == 0, 2:], still.expand(int((sim.step == 0).sum()), 3))
+        k = MOTION_NAMES.index("speed")
+        return sim, normalized_motion(sim.targets)[:, k], sim.inputs[:, 2 + k]
+
+    # Without camera latency, the chord speed between two frames lies between the car's speeds at the two frames.
+    rnd = replace(env_cfg.randomization, camera_latency=False, nominal_camera_latency_ms=0.0)
+    sim, truth, odo = speeds(replace(env_cfg, randomization=rnd))
+    after = torch.nonzero(sim.step > 0)[:, 0]
+    lo, hi = torch.minimum(truth[after - 1], truth[after]), torch.maximum(truth[after - 1], truth[after])
+    assert bool(((odo[after] >= lo - 1e-3) & (odo[after] <= hi + 1e-3)).all())
+    assert float((odo[after] - truth[after]).abs().max()) > 0.01  # the chord, not the car's speed at the frame
+    assert float((odo[after] - truth[after]).mean()) < 0.0  # cars accelerating from rest: it trails them
+    # With the camera latency drawn per world it trails as well, and the same seed draws the same worlds.
+    sim, truth, odo = speeds(env_cfg)
+    late = sim.step > 0
+    assert float((odo[late] - truth[late]).mean()) < 0.0
+    again = simulated_inputs(ConstantDriver(driver.n_actions), env_cfg, None, envs=6, steps=40, seed=3,
+                             first_episode=100)  # fmt: skip
+    assert torch.equal(again.inputs, sim.inputs)
 
 
 def test_fit_estimator_learns_from_simulated_worlds_and_scores_on_recorded_ones():

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from adaptation.odometry import OdometryConfig, PlanarOdometry, gaussian_blur, track_episodes
+from adaptation.odometry import OdometryConfig, PlanarOdometry, gaussian_blur, pose_change, track_episodes
 from envs.errors import ConfigError
 from envs.racing.builtin_tracks import builtin_track
 from envs.racing.camera import CameraConfig, ProjectiveCamera
@@ -60,6 +60,16 @@ def test_recovers_a_known_motion_between_two_rendered_frames(scene, lens):
     # A still car: zero motion, from a last estimate of zero.
     still = PlanarOdometry(optics).step(before, before, torch.zeros(4, 3))
     assert still.abs().max() < 1e-3
+
+
+def test_pose_change_is_the_motion_that_moved_the_pose():
+    torch.manual_seed(0)
+    poses = torch.rand(64, 3) * torch.tensor([10.0, 10.0, 2 * math.pi]) - torch.tensor([5.0, 5.0, math.pi])
+    motion = (torch.rand(64, 3) - 0.5) * torch.tensor([0.4, 0.1, 0.6])
+    after = moved(poses, motion)
+    after[:, 2] = torch.remainder(after[:, 2] + math.pi, 2 * math.pi) - math.pi  # yaw wrapped: the change is not
+    assert torch.allclose(pose_change(poses, after), motion, atol=1e-5)
+    assert torch.allclose(pose_change(poses, poses), torch.zeros(64, 3))
 
 
 def test_body_velocity_takes_the_mid_interval_heading():

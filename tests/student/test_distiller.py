@@ -16,7 +16,7 @@ from adaptation.factor_estimator import MOTION, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
 from adaptation.losses import ESTIMATE_SCALE
 from adaptation.probe import collect_features
-from datasets.checkpoints import CheckpointError
+from datasets.checkpoints import CheckpointError, save_atomic
 from datasets.rollouts import read_manifest
 from envs.augment import AugmentConfig
 from envs.errors import ConfigError
@@ -209,7 +209,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert proc.returncode == 2 and "manifest.json (the run" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teacher_path, tmp_path):
+def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teacher_path, tmp_path, monkeypatch):
     d = distiller(teacher_path, tmp_path)
     d.run(show_progress=False)
     model = d.model.eval()
@@ -256,11 +256,36 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     from experiments.probe_motion import main as probe_motion_main
 
     result = probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), steps=2,
-                                                 batch=4, estimator_steps=2, bf16="off",
+                                                 batch=4, estimator_steps=2, bf16="off", sim_envs=4,
+                                                 sim_seconds=2.0, sim_estimator_steps=2, teacher=str(teacher_path),
                                                  out_dir=str(tmp_path / "pm")))  # fmt: skip
     saved = json.loads((tmp_path / "pm" / "probe_motion.json").read_text())
     assert saved["rows"] == result["rows"] == len(data.episode) and saved["receptive_field"] == 63
     assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame", "odometry"}
+    sim = saved["simulated"]  # the estimators of the simulated worlds, scored there and on each source
+    assert sim["episodes"] >= 4
+    for kind in ("odometry", "exact"):
+        assert set(sim[kind]["recorded"]) == {"student", "two_frame", "odometry", "exact"}
+        assert set(sim[kind]["heldout_simulated"]) == set(saved["estimator_heldout"]["student"])
+        assert all(isinstance(v, float) for v in sim[kind]["recorded"]["odometry"].values())  # NaN: runs < 2 s
+    # The velocities of an earlier run are read back, not measured again; another run's are refused by name.
+    import experiments.probe_motion as probe_motion_module
+
+    def no_tracking(*args, **kwargs):
+        raise AssertionError("the odometry was measured again")
+
+    monkeypatch.setattr(probe_motion_module, "track_episodes", no_tracking)
+    pm, pm2 = tmp_path / "pm", tmp_path / "pm2"
+    probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"),
+                                        sources=("odometry",), motion_from=str(pm / "motion.pt"), estimator_steps=2,
+                                        bf16="off", out_dir=str(pm2)))  # fmt: skip
+    assert torch.equal(torch.load(pm2 / "motion.pt")["odometry"], torch.load(pm / "motion.pt")["odometry"])
+    moved = torch.load(tmp_path / "pm" / "motion.pt")
+    moved["step"] = moved["step"] + 1
+    save_atomic(moved, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match="not this run's"):
+        probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"),
+                                            sources=("odometry",), motion_from=str(tmp_path / "other.pt")))  # fmt: skip
     with pytest.raises(ConfigError, match="folds"):
         ProbeMotionConfig(checkpoint=str(student), folds=1)
     with pytest.raises(ConfigError, match="once each"):
