@@ -162,6 +162,7 @@ def main(cfg: ProbeMotionConfig) -> dict:
 
     motion_r2 = {"student": motion_scores(own.inputs[:, 2:], own.targets, own.step)}
     motion_r2.update({name: motion_scores(m, frames.targets, frames.step) for name, m in motion.items()})
+    motion_r2["exact"] = motion_scores(normalized_motion(frames.targets), frames.targets, frames.step)  # 1 by design
     out = Path(cfg.out_dir) if cfg.out_dir else Path(cfg.checkpoint).resolve().parent.parent / "probe_motion"
     save_atomic({"episode": frames.episode, "step": frames.step, **motion}, out / "motion.pt")
 
@@ -177,6 +178,7 @@ def main(cfg: ProbeMotionConfig) -> dict:
                                      after_steps=after))  # fmt: skip
 
     inputs = {"student": own, **{name: frames.episode_inputs(m) for name, m in motion.items()}}
+    inputs["exact"] = frames.episode_inputs(normalized_motion(frames.targets))  # the reference: motion known exactly
     result = {
         "checkpoint": cfg.checkpoint,
         "data_dir": str(data_dir),
@@ -193,7 +195,6 @@ def main(cfg: ProbeMotionConfig) -> dict:
             raise ConfigError(f"{cfg.checkpoint} names no teacher; give --teacher to drive the simulated worlds")
         steps = max(1, int(round(cfg.sim_seconds * hz)))
         sim = simulated_inputs(load_teacher(teacher_path), student.env_cfg, None, cfg.sim_envs, steps, cfg.seed + 1)
-        inputs["exact"] = frames.episode_inputs(normalized_motion(frames.targets))
         result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
         for kind in cfg.sim_motion:
             t1 = time.perf_counter()

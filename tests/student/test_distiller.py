@@ -261,7 +261,7 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
                                                  out_dir=str(tmp_path / "pm")))  # fmt: skip
     saved = json.loads((tmp_path / "pm" / "probe_motion.json").read_text())
     assert saved["rows"] == result["rows"] == len(data.episode) and saved["receptive_field"] == 63
-    assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame", "odometry"}
+    assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame", "odometry", "exact"}
     sim = saved["simulated"]  # the estimators of the simulated worlds, scored there and on each source
     assert sim["episodes"] >= 4
     for kind in ("odometry", "exact"):
