@@ -24,6 +24,7 @@ from envs.racing.car import Calibration, load_action_space
 from envs.racing.config import EnvConfig
 from envs.racing.deepracer_reward import DeepRacerParams, evaluate_reward_function, load_reward_function
 from envs.racing.effects import ActuatorEffects, DelayLine, action_noise
+from envs.racing.env_state import WORLD_TENSORS, env_state, load_env_state
 from envs.racing.observations import imu_reading, teacher_observation
 from envs.racing.physics_bicycle import BicyclePhysics, CarParams, CarState
 from envs.racing.randomization import (
@@ -52,7 +53,7 @@ def assign_world(dst: WorldSample, src: WorldSample, env_ids: Tensor) -> None:
     """dst[env_ids] = src for every field of a WorldSample (src has M entries)."""
     for name in CarParams.__dataclass_fields__:
         getattr(dst.params, name)[env_ids] = getattr(src.params, name)
-    for name in ("action_latency", "camera_latency", "action_noise", "battery"):
+    for name in WORLD_TENSORS:
         getattr(dst, name)[env_ids] = getattr(src, name)
 
 
@@ -380,7 +381,7 @@ class RacingEnv:
         for name, value in values.items():
             if name in CarParams.__dataclass_fields__:
                 target = getattr(self.world.params, name)
-            elif name in ("action_latency", "camera_latency", "action_noise", "battery"):
+            elif name in WORLD_TENSORS:
                 target = getattr(self.world, name)
             else:
                 raise ConfigError(f"shift_world: unknown factor {name!r}")
@@ -388,66 +389,13 @@ class RacingEnv:
         self.physics.set_params(self.world.params, env_ids)
 
     # ------------------------------------------------------------------------------------------ save / restore
-    _BUFFERS = (
-        "direction", "segment", "s", "travel", "laps", "lap_start_step", "last_lap_time", "stuck_mark",
-        "stuck_steps", "episode_length_buf", "episode_count", "prev_action", "prev_vel", "start_index",
-    )  # fmt: skip
-
     def state_dict(self) -> dict[str, Tensor | int]:
         """Every piece of mutable env state (tensors and ints only), so a resumed run continues bit-exactly."""
-        out: dict[str, Tensor | int] = {f"buf.{k}": getattr(self, k).clone() for k in self._BUFFERS}
-        for prefix, obj in self._dataclass_state():
-            for name in obj.__dataclass_fields__:
-                out[f"{prefix}.{name}"] = getattr(obj, name).clone()
-        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
-            out[f"{name}.buffer"], out[f"{name}.head"] = line.buffer.clone(), int(line.head)
-        for name in ("action_latency", "camera_latency", "action_noise", "battery"):
-            out[f"world.{name}"] = getattr(self.world, name).clone()
-        if self.effects is not None:
-            out.update({f"effects.{k}": v for k, v in self.effects.state_dict().items()})
-        out["accel"] = getattr(self, "_accel", torch.zeros(self.num_envs, 2, device=self.device)).clone()
-        out["generator"] = self.generator.get_state()
-        for key, value in self.get_observations().items():
-            out[f"obs.{key}"] = value.clone()
-        for key, value in self.physics.state_dict().items():
-            out[f"physics.{key}"] = value
-        return out
+        return env_state(self)
 
     def load_state_dict(self, state: dict[str, Tensor | int]) -> None:
         """Restore `state_dict()` output (same config and env count)."""
-        mine = self.state_dict()
-        missing = set(mine) - set(state)
-        if missing:
-            raise ConfigError(f"env state is missing {sorted(missing)[:5]} (saved by a different env configuration?)")
-        for key, value in state.items():
-            ref = mine.get(key)
-            if isinstance(ref, Tensor) and (not isinstance(value, Tensor) or value.shape != ref.shape):
-                raise ConfigError(f"env state {key!r} has shape {getattr(value, 'shape', None)}, expected {ref.shape}")
-        for k in self._BUFFERS:
-            getattr(self, k).copy_(state[f"buf.{k}"])
-        for prefix, obj in self._dataclass_state():
-            for name in obj.__dataclass_fields__:
-                getattr(obj, name).copy_(state[f"{prefix}.{name}"])
-        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
-            line.buffer.copy_(state[f"{name}.buffer"])
-            line.head = int(state[f"{name}.head"])
-        for name in ("action_latency", "camera_latency", "action_noise", "battery"):
-            getattr(self.world, name).copy_(state[f"world.{name}"])
-        if self.effects is not None:
-            saved = {k[len("effects.") :]: v for k, v in state.items() if k.startswith("effects.")}
-            self.effects.load_state_dict(saved)
-        self._accel = state["accel"].clone()
-        self.generator.set_state(state["generator"])
-        self.physics.load_state_dict({k[len("physics.") :]: v for k, v in state.items() if k.startswith("physics.")})
-        groups = {k[len("obs.") :]: v.clone() for k, v in state.items() if k.startswith("obs.")}
-        self._obs = TensorDict(groups, batch_size=[self.num_envs], device=self.device)
-
-    def _dataclass_state(self):
-        return (
-            ("world_params", self.world.params),
-            ("visuals", self.visuals),
-            ("proj", self._proj),
-        )
+        load_env_state(self, state)
 
     def close(self) -> None:
         if hasattr(self.physics, "close"):
