@@ -47,6 +47,10 @@ class EpisodeInputs:
     episode: Tensor  # (M,) episode id
     step: Tensor  # (M,) step within the episode
 
+    def with_motion(self, motion: Tensor) -> EpisodeInputs:
+        """The same rows with `motion` `(M, 3)` (normalized) as the motion inputs."""
+        return EpisodeInputs(torch.cat([self.inputs[:, :2], motion], -1), self.targets, self.episode, self.step)
+
 
 @dataclass
 class ReplayBatch:
@@ -269,11 +273,11 @@ def simulated_inputs(
         velocity = PlanarOdometry.body_velocity(pose_change(pose[:, :-1], pose[:, 1:]), env_cfg.dt)
         velocity = torch.cat([torch.zeros_like(velocity[:, :1]), velocity], 1).flatten(0, 1)
         motion = normalize_velocities(velocity * (step_t > 0).float()[:, None])
-        return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
-    motion = errors.predict(normalized_motion(targets_t), prev_t, step_t)
-    gen = torch.Generator().manual_seed(seed)
-    for a, b in episode_spans(episode_t):
-        motion[a:b] += errors.sample(b - a, gen)
+    else:
+        motion = errors.predict(normalized_motion(targets_t), prev_t, step_t)
+        gen = torch.Generator().manual_seed(seed)
+        for a, b in episode_spans(episode_t):
+            motion[a:b] += errors.sample(b - a, gen)
     return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
 
 

@@ -198,18 +198,9 @@ def main(cfg: ProbeMotionConfig) -> dict:
         result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
         for kind in cfg.sim_motion:
             t1 = time.perf_counter()
-            data = (
-                sim
-                if kind == "odometry"
-                else EpisodeInputs(
-                    torch.cat([sim.inputs[:, :2], normalized_motion(sim.targets)], -1),
-                    sim.targets,
-                    sim.episode,
-                    sim.step,
-                )
-            )
+            train = sim if kind == "odometry" else sim.with_motion(normalized_motion(sim.targets))
             est = new_estimator()
-            stats = fit_estimator(est, data, dt, steps=cfg.sim_estimator_steps, seed=cfg.seed, after_steps=after)
+            stats = fit_estimator(est, train, dt, steps=cfg.sim_estimator_steps, seed=cfg.seed, after_steps=after)
             result["simulated"][kind] = {
                 "heldout_simulated": heldout(stats),
                 "recorded": {name: recorded_scores(est, data, dt, after) for name, data in inputs.items()},
