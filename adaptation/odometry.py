@@ -9,6 +9,13 @@ weights). Two things make it converge from the last estimate: the yaw change is 
 the horizon (distant, so they move with the rotation only), and the translation is then refined on a lightly blurred
 and on the sharp image. Walls are not part of the model; the robust weights treat them as outliers.
 
+The blurred stage is biased toward a shorter forward motion (a blur in pixels is not the same blur on the ground at
+two distances), and the sharp stage alone cannot always climb back out of it: the refinement therefore starts from
+the last estimate and from it moved forward by each of `forward_starts`, and keeps the motion whose sharp image matches
+best (the sharp cost's minimum sits at the true motion; the blurred ones do not). On a pure-pursuit drive of the
+default camera env, a second start 6 cm ahead raised the speed's R² against the camera's true pose change from 0.85 to
+0.92 and the lateral speed's from 0.73 to 0.81, at 1.5x the cost (`experiments.probe_odometry`).
+
 What it measures: every pose change is what the frames show, whatever the car was told, so slip and a weak motor
 show through (the history encoder's estimates follow its commands: `adaptation.estimator_fit.estimate_sources`). What
 limits it: the ground carries few marks (border lines, a dashed centreline whose 0.3 m period aliases the forward
@@ -44,6 +51,8 @@ class OdometryConfig:
     """Gaussian blur (px) of the refinement stages, coarse to sharp"""
     iterations: int = 6
     """Gauss-Newton iterations per stage"""
+    forward_starts: tuple[float, ...] = (0.0, 0.06)
+    """forward offsets (m) from the last estimate the refinement starts from; the best-matching result is kept"""
 
     def __post_init__(self) -> None:
         check_range("odometry.ground_range", self.ground_range, 0.2, 10.0)
@@ -53,6 +62,11 @@ class OdometryConfig:
         check_range("odometry.iterations", self.iterations, 1, 100)
         if not self.blur or min(self.blur) < 0:
             raise ConfigError(f"odometry.blur={self.blur}: give one or more blur widths >= 0")
+        if not self.forward_starts or max(abs(x) for x in self.forward_starts) > 0.5:
+            raise ConfigError(
+                f"odometry.forward_starts={self.forward_starts}: give one or more offsets within 0.5 m of the last "
+                "estimate"
+            )
 
 
 def gaussian_blur(img: Tensor, sigma: float) -> Tensor:
@@ -94,6 +108,7 @@ class PlanarOdometry:
         coarse = 5 * self.cfg.yaw_step  # coarse to fine: the span in steps of 5, then +-5 steps around the best
         n = math.floor(self.cfg.yaw_span / coarse)
         self._yaw_offsets = (torch.arange(-n, n + 1) * coarse, torch.arange(-5, 6) * self.cfg.yaw_step)
+        self._forward = torch.tensor([1.0, 0.0, 0.0])
 
     # ---------------------------------------------------------------------------------------------- geometry
     def project(self, d: Tensor) -> tuple[Tensor, Tensor]:
@@ -171,13 +186,29 @@ class PlanarOdometry:
                 motion = motion - torch.linalg.solve(a, (jtw @ r[..., None])[..., 0])
         return motion
 
+    def alignment_cost(self, prev: Tensor, cur: Tensor, motion: Tensor) -> Tensor:
+        """Mean absolute difference `(B,)` (clamped at 30 grey levels) between the sharp current ground pixels and the
+        previous image sampled where `motion` puts them."""
+        val, ok = self._ground_in_previous(prev, motion)
+        diff = (val - cur.flatten(1)[:, self.ground_pix]).abs().clamp(max=30.0)
+        return (diff * ok).sum(1) / ok.sum(1).clamp(min=1)
+
     @torch.no_grad()
     def step(self, prev: Tensor, cur: Tensor, last: Tensor) -> Tensor:
-        """Motion `(B, 3)` between `prev` and `cur`, tracked from the last estimate `last` `(B, 3)` (zeros at rest)."""
+        """Motion `(B, 3)` between `prev` and `cur`, tracked from the last estimate `last` `(B, 3)` (zeros at rest):
+        refined from each of `forward_starts` (all in one batch), the best-matching kept."""
         prev, cur = prev.float(), cur.float()
         init = last.float().clone()
         init[:, 2] = self.yaw_search(prev, cur, init[:, 2])
-        return self.refine(prev, cur, init)
+        starts = torch.tensor(self.cfg.forward_starts, dtype=init.dtype, device=init.device)
+        k, b = len(starts), len(init)
+        if k == 1:
+            return self.refine(prev, cur, init + starts[0] * self._forward.to(init))
+        inits = (init[None] + starts[:, None, None] * self._forward.to(init)).reshape(k * b, 3)
+        prev_k, cur_k = prev.repeat(k, 1, 1, 1), cur.repeat(k, 1, 1, 1)
+        motions = self.refine(prev_k, cur_k, inits)
+        cost = self.alignment_cost(prev_k, cur_k, motions).reshape(k, b)
+        return motions.reshape(k, b, 3)[cost.argmin(0), torch.arange(b)]
 
     @staticmethod
     def body_velocity(motion: Tensor, dt: float) -> Tensor:
