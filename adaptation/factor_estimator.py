@@ -9,6 +9,13 @@ ones. This estimator reads a narrow signal instead, per step the previous action
 of speed, lateral speed and yaw rate (dense per-frame targets it learns well), through a small causal TCN. Its
 inputs are detached: its losses train it alone, and the motion estimates stay what their own targets make them.
 
+Two products of those inputs join them (`features="physics"`): speed × yaw rate, the lateral acceleration that
+friction bounds, and speed × steering command, what the tyres are asked for. A small TCN of ReLU-like units forms
+sums of its inputs easily and products of them poorly; the friction shows where the lateral acceleration stops
+following the steering, so the two products are handed to it. Trained on simulated worlds with exact planar odometry
+(4,233 episodes, 12,000 steps, scored on held-out worlds ≥ 2 s after a start), they raised the friction R² from 0.65
+to 0.72 (two squared-speed terms besides added nothing: 0.70).
+
 Window pass and one-step pass compute the same thing (`tcn_window` / `tcn_step`), so deployment state is the last
 `receptive_field - 1` inputs.
 """
@@ -22,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from adaptation.history_encoder import ESTIMATES, causal_blocks, tcn_step, tcn_window
-from adaptation.losses import FACTOR_ESTIMATES
+from adaptation.losses import ESTIMATE_SCALE, FACTOR_ESTIMATES
 from envs.errors import check_range
 
 MOTION = ("speed", "lateral_speed", "yaw_rate")
@@ -30,6 +37,13 @@ MOTION = ("speed", "lateral_speed", "yaw_rate")
 FACTORS = FACTOR_ESTIMATES
 """the regressed factors this estimator provides (in place of the history encoder's own heads for them)"""
 INPUT_DIM = 2 + len(MOTION)
+"""per-step inputs: the previous action and the motion estimates"""
+PHYSICS_FEATURES = ("lateral_acceleration", "steering_speed")
+"""products of the inputs added with `features="physics"`"""
+LATERAL_ACCELERATION_SCALE = 6.0
+"""m/s^2 per unit of the lateral-acceleration feature (the friction bound mu g is 7-12 m/s^2)"""
+STEERING_SPEED_SCALE = 3.0
+"""m/s per unit of the steering-command x speed feature"""
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,8 @@ class EstimatorConfig:
     """TCN kernel size"""
     dilations: tuple[int, ...] = (1, 2, 4, 8)
     """TCN dilations; receptive field = 1 + (kernel - 1) * sum(dilations) steps (default 31 steps: 2 s at 15 Hz)"""
+    features: Literal["raw", "physics"] = "physics"
+    """per-step inputs: the five raw ones, or with the lateral acceleration and steering x speed (products of them)"""
 
     def __post_init__(self) -> None:
         check_range("estimator.channels", self.channels, 4, 1024)
@@ -63,7 +79,8 @@ class FactorEstimator(nn.Module):
         super().__init__()
         self.cfg = cfg
         c = cfg.channels
-        self.inp = nn.Conv1d(INPUT_DIM, c, 1)
+        self.input_dim = INPUT_DIM + (len(PHYSICS_FEATURES) if cfg.features == "physics" else 0)
+        self.inp = nn.Conv1d(self.input_dim, c, 1)
         self.blocks = causal_blocks(c, cfg.kernel, cfg.dilations)
         self.act_latency_head = nn.Linear(c, act_latency_classes)
         self.cam_latency_head = nn.Linear(c, cam_latency_classes)
@@ -76,6 +93,23 @@ class FactorEstimator(nn.Module):
         motion = estimates.detach()[..., [ESTIMATES.index(n) for n in MOTION]]
         return torch.cat([prev_action, motion], -1)
 
+    def expand(self, x: Tensor) -> Tensor:
+        """`(..., INPUT_DIM)` inputs -> `(..., input_dim)`: with `features="physics"` the lateral acceleration (speed
+        x yaw rate) and steering command x speed appended, each zero where the yaw rate or the steering is (a reset
+        state's zeros stay zeros)."""
+        if self.cfg.features == "raw":
+            return x
+        speed_c, speed_s = ESTIMATE_SCALE[MOTION[0]]
+        yaw_c, yaw_s = ESTIMATE_SCALE[MOTION[2]]
+        speed = x[..., 2] * speed_s + speed_c
+        yaw_rate = x[..., 4] * yaw_s + yaw_c
+        extra = [speed * yaw_rate / LATERAL_ACCELERATION_SCALE, speed * x[..., 0] / STEERING_SPEED_SCALE]
+        return torch.cat([x, torch.stack(extra, -1)], -1)
+
+    def _expanded_input(self, window: Tensor) -> Tensor:
+        """The input convolution over `(N, INPUT_DIM, T)` raw inputs, their features added."""
+        return self.inp(self.expand(window.transpose(1, 2)).transpose(1, 2))
+
     def _heads(self, h: Tensor) -> dict[str, Tensor]:
         return {
             "action_latency_logits": self.act_latency_head(h),
@@ -85,14 +119,15 @@ class FactorEstimator(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> dict[str, Tensor]:
         """Window pass; padded steps (mask False) are zeroed, as a reset deployment state holds zeros."""
-        x = x * mask.unsqueeze(-1)
+        x = self.expand(x) * mask.unsqueeze(-1)
         return self._heads(tcn_window(x, self.inp, self.blocks, self.cfg.receptive_field - 1))
 
     def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:
         return torch.zeros(n, self.cfg.receptive_field - 1, INPUT_DIM, device=device)
 
     def step(self, x: Tensor, state: Tensor) -> tuple[dict[str, Tensor], Tensor]:
-        h, state = tcn_step(x, state, self.inp, self.blocks)
+        # the state keeps the raw inputs (the deployment state's layout does not depend on the features)
+        h, state = tcn_step(x, state, self._expanded_input, self.blocks)
         return self._heads(h), state
 
     @staticmethod

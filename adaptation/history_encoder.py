@@ -9,6 +9,7 @@ and the body velocities (speed, lateral speed, yaw rate). Training runs over who
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,7 +76,7 @@ def tcn_window(x: Tensor, inp: nn.Conv1d, blocks: nn.ModuleList, context: int) -
     return h[:, :, context:].transpose(1, 2)
 
 
-def tcn_step(x: Tensor, state: Tensor, inp: nn.Conv1d, blocks: nn.ModuleList) -> tuple[Tensor, Tensor]:
+def tcn_step(x: Tensor, state: Tensor, inp: Callable[[Tensor], Tensor], blocks: nn.ModuleList) -> tuple[Tensor, Tensor]:
     """One step `(N, D)` with the last `context` inputs `(N, context, D)` -> (features `(N, C)`, new state)."""
     window = torch.cat([state, x.unsqueeze(1)], dim=1)
     h = inp(window.transpose(1, 2))

@@ -14,7 +14,7 @@ two distances), and the sharp stage alone cannot always climb back out of it: th
 the last estimate and from it moved forward by each of `forward_starts`, and keeps the motion whose sharp image matches
 best (the sharp cost's minimum sits at the true motion; the blurred ones do not). On a pure-pursuit drive of the
 default camera env, a second start 6 cm ahead raised the speed's R² against the camera's true pose change from 0.85 to
-0.92 and the lateral speed's from 0.73 to 0.81, at 1.5x the cost (`experiments.probe_odometry`).
+0.92 and the lateral speed's from 0.73 to 0.81, at twice the cost (`experiments.probe_odometry`).
 
 What it measures: every pose change is what the frames show, whatever the car was told, so slip and a weak motor
 show through (the history encoder's estimates follow its commands: `adaptation.estimator_fit.estimate_sources`). What

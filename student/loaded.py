@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from adaptation.factor_estimator import INPUT_DIM
 from adaptation.history_encoder import ESTIMATES
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import from_yaml
@@ -60,6 +61,10 @@ def load_student(path: str | Path) -> LoadedStudent:
     if cfg.has_estimator and not any(k.startswith("estimator.") for k in data["model"]):
         # distilled before the factor estimator existed: its history encoder's own heads estimate the factors
         cfg = replace(cfg, estimator=replace(cfg.estimator, kind="none"))
+    inp = data["model"].get("estimator.inp.weight")
+    if inp is not None and inp.shape[1] == INPUT_DIM and cfg.estimator.features != "raw":
+        # distilled before the estimator read the physics features: it reads its five raw inputs
+        cfg = replace(cfg, estimator=replace(cfg.estimator, features="raw"))
     spec = OutputSpec(**data["output_spec"])
     model = StudentModel(cfg, spec)
     head = data["model"].get("history.estimate_head.weight")

@@ -109,6 +109,45 @@ def test_a_student_saved_before_the_estimator_loads_without_it(tmp_path):
     assert load_student(save_student(tmp_path / "new.pt", StudentModel(cfg, SPEC), to_yaml(cfg))).model.estimator
 
 
+def test_a_student_whose_estimator_reads_the_raw_inputs_loads_as_it_was_saved(tmp_path):
+    """Saved before the physics features (no `features` key, five input channels): it loads reading its five raw
+    inputs, with its own weights, and a student saved with them keeps them."""
+    raw_cfg = StudentConfig(estimator=EstimatorConfig(features="raw"))
+    older = yaml.safe_load(to_yaml(raw_cfg))
+    del older["estimator"]["features"]
+    old = StudentModel(raw_cfg, SPEC)
+    loaded = load_student(save_student(tmp_path / "old.pt", old, yaml.safe_dump(older)))
+    assert loaded.model.cfg.estimator.features == "raw"
+    assert torch.equal(loaded.model.estimator.inp.weight, old.estimator.inp.weight)
+    new = load_student(save_student(tmp_path / "new.pt", StudentModel(StudentConfig(), SPEC), to_yaml(StudentConfig())))
+    assert new.model.cfg.estimator.features == "physics" and new.model.estimator.inp.weight.shape[1] == 7
+
+
+def test_physics_features_are_the_lateral_acceleration_and_steering_times_speed():
+    """Speed 3.5 m/s (normalized 1.0), yaw rate 1.5 rad/s (1.0), steering command 0.5: lateral acceleration 5.25 m/s^2
+    (/6), steering x speed 1.75 (/3); zero inputs (a reset state, padding) give zero features; the window pass and the
+    one-step pass agree with them."""
+    est = FactorEstimator(EstimatorConfig(), act_latency_classes=4, cam_latency_classes=2)
+    x = torch.tensor([[0.5, 0.2, 1.0, 0.3, 1.0]])
+    out = est.expand(x)
+    assert out.shape == (1, 7) and torch.equal(out[:, :5], x)
+    assert out[0, 5].item() == pytest.approx(5.25 / 6.0) and out[0, 6].item() == pytest.approx(1.75 / 3.0)
+    assert torch.equal(est.expand(torch.zeros(3, 5)), torch.zeros(3, 7))
+    raw = FactorEstimator(EstimatorConfig(features="raw"), act_latency_classes=4, cam_latency_classes=2)
+    assert torch.equal(raw.expand(x), x) and est.init_state(2).shape[-1] == 5  # the state keeps raw inputs
+    torch.manual_seed(0)
+    seq = torch.randn(2, 40, 5)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, :12] = False  # the second episode starts at step 12
+    window = est(seq, mask)["factors"]
+    state = est.init_state(2)
+    for t in range(40):
+        started = mask[:, t]
+        state = torch.where(started[:, None, None], state, est.init_state(2))
+        heads, state = est.step(seq[:, t] * started[:, None], state)
+        assert torch.allclose(heads["factors"][started], window[started, t], atol=1e-5)
+
+
 def test_estimator_config_is_checked():
     with pytest.raises(ValueError, match="dilations"):
         EstimatorConfig(dilations=())
