@@ -17,7 +17,8 @@ exact planar odometry reads there (the camera's pose change between frames, a ca
 `exact`, the car's true body velocities at each step. Each is scored on held-out simulated worlds (what the estimator
 can do with that motion measured exactly) and on the recorded episodes with each motion source and with the true
 velocities (what is left of it on the student's own driving). `--motion-from` reads a source's velocities from an
-earlier run's `motion.pt` instead of measuring them again (the odometry takes about 18 ms per frame pair here).
+earlier run's `motion.pt` instead of measuring them again (the odometry takes about 18 ms per frame pair here with one
+forward start, twice that with the default two).
 """
 
 from __future__ import annotations
