@@ -98,6 +98,9 @@ class ProbeMotionConfig:
     """driving per simulated car (s); each car starts a new world whenever its episode ends"""
     sim_estimator_steps: int = 12000
     """gradient steps of the estimator fitted on the simulated worlds"""
+    sim_estimator_batch: int = 128
+    """windows per gradient step of the estimator fitted on the simulated worlds (thousands of worlds: 128 windows
+    a step gave friction 0.84 on held-out exact-odometry worlds where 32 gave 0.72)"""
     teacher: str = ""
     """driver of the simulated worlds (default: the run's teacher, as the checkpoint names it)"""
     seed: int = 0
@@ -117,6 +120,7 @@ class ProbeMotionConfig:
         check_range("sim_envs", self.sim_envs, 0, 1_000_000)
         check_range("sim_seconds", self.sim_seconds, 0.1, 3600.0)
         check_range("sim_estimator_steps", self.sim_estimator_steps, 1, 10_000_000)
+        check_range("sim_estimator_batch", self.sim_estimator_batch, 1, 100_000)
         if not self.sim_motion or len(set(self.sim_motion)) != len(self.sim_motion):
             raise ConfigError(
                 f"--sim-motion {' '.join(self.sim_motion)}: give one or both of odometry exact, once each"
@@ -201,7 +205,15 @@ def main(cfg: ProbeMotionConfig) -> dict:
             t1 = time.perf_counter()
             train = sim if kind == "odometry" else sim.with_motion(normalized_motion(sim.targets))
             est = new_estimator()
-            stats = fit_estimator(est, train, dt, steps=cfg.sim_estimator_steps, seed=cfg.seed, after_steps=after)
+            stats = fit_estimator(
+                est,
+                train,
+                dt,
+                steps=cfg.sim_estimator_steps,
+                batch=cfg.sim_estimator_batch,
+                seed=cfg.seed,
+                after_steps=after,
+            )
             result["simulated"][kind] = {
                 "heldout_simulated": heldout(stats),
                 "recorded": {name: recorded_scores(est, data, dt, after) for name, data in inputs.items()},

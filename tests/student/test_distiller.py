@@ -288,6 +288,8 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
                                             sources=("odometry",), motion_from=str(tmp_path / "other.pt")))  # fmt: skip
     with pytest.raises(ConfigError, match="folds"):
         ProbeMotionConfig(checkpoint=str(student), folds=1)
+    with pytest.raises(ConfigError, match="sim_estimator_batch"):
+        ProbeMotionConfig(checkpoint=str(student), sim_estimator_batch=0)
     with pytest.raises(ConfigError, match="once each"):
         ProbeMotionConfig(checkpoint=str(student), sources=("odometry", "odometry"))
 
