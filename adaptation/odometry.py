@@ -108,7 +108,6 @@ class PlanarOdometry:
         coarse = 5 * self.cfg.yaw_step  # coarse to fine: the span in steps of 5, then +-5 steps around the best
         n = math.floor(self.cfg.yaw_span / coarse)
         self._yaw_offsets = (torch.arange(-n, n + 1) * coarse, torch.arange(-5, 6) * self.cfg.yaw_step)
-        self._forward = torch.tensor([1.0, 0.0, 0.0])
 
     # ---------------------------------------------------------------------------------------------- geometry
     def project(self, d: Tensor) -> tuple[Tensor, Tensor]:
@@ -200,11 +199,11 @@ class PlanarOdometry:
         prev, cur = prev.float(), cur.float()
         init = last.float().clone()
         init[:, 2] = self.yaw_search(prev, cur, init[:, 2])
-        starts = torch.tensor(self.cfg.forward_starts, dtype=init.dtype, device=init.device)
-        k, b = len(starts), len(init)
+        k, b = len(self.cfg.forward_starts), len(init)
+        inits = init.repeat(k, 1)  # start-major: rows [i * b, (i + 1) * b) start `forward_starts[i]` ahead
+        inits[:, 0] += torch.tensor(self.cfg.forward_starts, dtype=init.dtype, device=init.device).repeat_interleave(b)
         if k == 1:
-            return self.refine(prev, cur, init + starts[0] * self._forward.to(init))
-        inits = (init[None] + starts[:, None, None] * self._forward.to(init)).reshape(k * b, 3)
+            return self.refine(prev, cur, inits)
         prev_k, cur_k = prev.repeat(k, 1, 1, 1), cur.repeat(k, 1, 1, 1)
         motions = self.refine(prev_k, cur_k, inits)
         cost = self.alignment_cost(prev_k, cur_k, motions).reshape(k, b)
