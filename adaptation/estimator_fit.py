@@ -210,6 +210,36 @@ def motion_errors(data: EpisodeInputs, lags: int = COMMAND_LAGS) -> MotionErrors
     return MotionErrors(weights.float(), [res[a:b] for a, b in episode_spans(data.episode) if b - a > 0])
 
 
+def odometry_errors(measured: Tensor, exact: Tensor, episode: Tensor, step: Tensor) -> MotionErrors:
+    """How planar odometry errs, from a drive on which the camera's true pose change is known
+    (`experiments.probe_odometry.drive`): `measured` and `exact` are normalized body velocities `(N, 3)` (rows grouped
+    by episode in step order); measured = `[1, exact] @ weights` + residual, least squares over the rows with a frame
+    before them (step > 0), each episode's residuals kept whole from its start. Applied to exact odometry by
+    `with_odometry_errors` (no command terms: the odometry never sees the commands)."""
+    live = step > 0
+    if int(live.sum()) < 4:
+        raise ValueError(f"odometry_errors: {int(live.sum())} rows with a frame before them, need 4 or more")
+    design = torch.cat([torch.ones(len(exact), 1, dtype=torch.float64), exact.double()], -1)
+    weights = torch.linalg.lstsq(design[live], measured.double()[live]).solution
+    res = ((measured.double() - design @ weights) * live.double()[:, None]).float()
+    return MotionErrors(weights.float(), [res[a:b] for a, b in episode_spans(episode) if b - a > 1])
+
+
+def with_odometry_errors(
+    data: EpisodeInputs, errors: MotionErrors, seed: int = 0, under_way: int = 10
+) -> EpisodeInputs:
+    """`data` whose motion inputs are exact odometry (`simulated_inputs` without errors) with `errors`
+    (`odometry_errors`, no command lags) applied: the linear part row by row and one residual sequence per episode
+    (`MotionErrors.sample`), zeros at each episode's first step as the tracker reports them."""
+    if errors.lags != 0:
+        raise ValueError(f"with_odometry_errors: errors with {errors.lags} command lags (odometry errors have none)")
+    motion = errors.predict(data.inputs[:, 2:], data.inputs[:, :2], data.step)
+    gen = torch.Generator().manual_seed(seed)
+    for a, b in episode_spans(data.episode):
+        motion[a:b] += errors.sample(b - a, gen, under_way=under_way)
+    return data.with_motion(motion * (data.step > 0).float()[:, None])
+
+
 def estimate_sources(data: EpisodeInputs, after_steps: int = 30, lags: int = COMMAND_LAGS) -> dict[str, float]:
     """What a student's motion estimates follow: R^2 of each estimate (speed, lateral speed, yaw rate) from a linear
     fit on the true velocities (`truth/…`), on its last `lags` commands (`commands/…`), and on both (`both/…`), over

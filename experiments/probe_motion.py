@@ -13,10 +13,14 @@ says the student's estimates hide the car's response behind its commands. All re
 
 `--sim-envs N` adds the other side: estimators trained only on simulated worlds (the run's teacher, blind to friction
 and motor gain, drives N cars without a camera; a new world per episode), one per `--sim-motion`: `odometry`, what
-exact planar odometry reads there (the camera's pose change between frames, a camera latency behind the car), and
-`exact`, the car's true body velocities at each step. Each is scored on held-out simulated worlds (what the estimator
-can do with that motion measured exactly) and on the recorded episodes with each motion source and with the true
-velocities (what is left of it on the student's own driving). `--motion-from` reads a source's velocities from an
+exact planar odometry reads there (the camera's pose change between frames, a camera latency behind the car),
+`noisy_odometry`, the same with the errors the odometry makes (measured on a pure-pursuit drive of the run's camera env,
+`--error-drive-envs` cars, where the true pose change is known: `adaptation.estimator_fit.odometry_errors`, each
+simulated episode given a whole recorded residual sequence), and `exact`, the car's true body velocities at each step.
+Each is scored on held-out simulated worlds (what the estimator can do with that motion) and on the recorded episodes
+with each motion source and with the true velocities (what is left of it on the student's own driving): an estimator
+trained on exact odometry reads the measured odometry poorly (it never saw its errors), one trained on the noisy
+odometry reads it far better (README, results). `--motion-from` reads a source's velocities from an
 earlier run's `motion.pt` instead of measuring them again (the odometry takes about 18 ms per frame pair here with one
 forward start, twice that with the default two).
 """
@@ -36,12 +40,15 @@ from torch import Tensor
 
 from adaptation.estimator_fit import (
     EpisodeInputs,
+    MotionErrors,
     episode_inputs,
     fit_estimator,
     normalize_velocities,
     normalized_motion,
+    odometry_errors,
     score,
     simulated_inputs,
+    with_odometry_errors,
 )
 from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
@@ -52,6 +59,7 @@ from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
 from experiments.fit_estimator import recorded_data
+from experiments.probe_odometry import ProbeOdometryConfig, drive
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import load_teacher
@@ -63,7 +71,11 @@ SOURCES = {
     "odometry": "planar odometry (no commands)",
     "exact": "the true body velocities",
 }
-SIM_MOTION = {"odometry": "exact odometry", "exact": "the true body velocities"}
+SIM_MOTION = {
+    "odometry": "exact odometry",
+    "noisy_odometry": "exact odometry with the odometry's errors",
+    "exact": "the true body velocities",
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +104,13 @@ class ProbeMotionConfig:
     """an earlier run's `motion.pt`: the sources it holds are read from it, not measured again"""
     sim_envs: int = 0
     """cars driving simulated worlds for estimators trained there alone (0: none)"""
-    sim_motion: tuple[Literal["odometry", "exact"], ...] = ("odometry", "exact")
-    """motion inputs of the simulated worlds: exact odometry (the camera's pose change) and/or the true velocities"""
+    sim_motion: tuple[Literal["odometry", "noisy_odometry", "exact"], ...] = ("odometry", "noisy_odometry")
+    """motion inputs of the simulated worlds: exact odometry (the camera's pose change), exact odometry with the errors
+    the odometry makes on a drive of the run's camera env (`--error-drive-envs`), the true velocities"""
+    error_drive_envs: int = 64
+    """pure-pursuit cars on the run's camera env whose odometry errors `noisy_odometry` applies"""
+    error_drive_steps: int = 160
+    """frames per car of that drive"""
     sim_seconds: float = 20.0
     """driving per simulated car (s); each car starts a new world whenever its episode ends"""
     sim_estimator_steps: int = 12000
@@ -121,9 +138,11 @@ class ProbeMotionConfig:
         check_range("sim_seconds", self.sim_seconds, 0.1, 3600.0)
         check_range("sim_estimator_steps", self.sim_estimator_steps, 1, 10_000_000)
         check_range("sim_estimator_batch", self.sim_estimator_batch, 1, 100_000)
+        check_range("error_drive_envs", self.error_drive_envs, 1, 100_000)
+        check_range("error_drive_steps", self.error_drive_steps, 2, 100_000)
         if not self.sim_motion or len(set(self.sim_motion)) != len(self.sim_motion):
             raise ConfigError(
-                f"--sim-motion {' '.join(self.sim_motion)}: give one or both of odometry exact, once each"
+                f"--sim-motion {' '.join(self.sim_motion)}: give one or more of {' '.join(SIM_MOTION)}, once each"
             )
         if self.estimator.kind == "none":
             raise ConfigError("--estimator.kind none: nothing to fit")
@@ -201,9 +220,16 @@ def main(cfg: ProbeMotionConfig) -> dict:
         steps = max(1, int(round(cfg.sim_seconds * hz)))
         sim = simulated_inputs(load_teacher(teacher_path), student.env_cfg, None, cfg.sim_envs, steps, cfg.seed + 1)
         result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
+        if "noisy_odometry" in cfg.sim_motion:
+            errors, result["simulated"]["odometry_errors"] = measured_odometry_errors(cfg)
         for kind in cfg.sim_motion:
             t1 = time.perf_counter()
-            train = sim if kind == "odometry" else sim.with_motion(normalized_motion(sim.targets))
+            if kind == "odometry":
+                train = sim
+            elif kind == "noisy_odometry":
+                train = with_odometry_errors(sim, errors, seed=cfg.seed + 2)
+            else:
+                train = sim.with_motion(normalized_motion(sim.targets))
             est = new_estimator()
             stats = fit_estimator(
                 est,
@@ -229,6 +255,14 @@ def main(cfg: ProbeMotionConfig) -> dict:
         m, est = result["motion_r2"][name], result["estimator_heldout"][name]
         table.add_row(SOURCES[name], *(f"{m[c]:.2f}" for c in MOTION), *(f"{est[c]:.2f}" for c in ESTIMATOR_SCORES))
     console.print(table)
+    if "odometry_errors" in result.get("simulated", {}):
+        e = result["simulated"]["odometry_errors"]
+        console.print(
+            f"odometry errors on {e['episodes']} drive episodes ({e['frames']:,} frames, normalized units): gain "
+            + ", ".join(f"{k} {v:.2f}" for k, v in e["gain"].items())
+            + "; residual std "
+            + ", ".join(f"{k} {v:.3f}" for k, v in e["residual_std"].items())
+        )
     for kind in cfg.sim_motion if "simulated" in result else ():
         sim = result["simulated"][kind]
         table = Table(title=f"estimator trained on {result['simulated']['episodes']:,} simulated worlds with "
@@ -244,6 +278,28 @@ def main(cfg: ProbeMotionConfig) -> dict:
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/]")
     return result
+
+
+def measured_odometry_errors(cfg: ProbeMotionConfig) -> tuple[MotionErrors, dict]:
+    """The odometry's errors against the camera's true pose change on a pure-pursuit drive of the run's camera env
+    (`experiments.probe_odometry.drive`), and a summary of them (normalized units: the linear map's diagonal, the
+    residuals' standard deviation)."""
+    drive_cfg = ProbeOdometryConfig(checkpoint=cfg.checkpoint, envs=cfg.error_drive_envs, steps=cfg.error_drive_steps,
+                                    odometry=cfg.odometry, seed=cfg.seed, after_steps=1)  # fmt: skip
+    t0 = time.perf_counter()
+    rows, env_cfg = drive(drive_cfg)
+    measured = track_episodes(PlanarOdometry(env_cfg.optics, cfg.odometry), rows.camera, rows.episode, rows.step,
+                              env_cfg.dt)  # fmt: skip
+    errors = odometry_errors(normalize_velocities(measured), normalize_velocities(rows.truth), rows.episode, rows.step)
+    res = torch.cat(errors.residuals)
+    summary = {
+        "frames": int(len(rows.step)),
+        "episodes": int(len(torch.unique(rows.episode))),
+        "gain": dict(zip(MOTION, torch.diagonal(errors.weights[1:]).tolist(), strict=True)),
+        "residual_std": dict(zip(MOTION, res.std(0).tolist(), strict=True)),
+        "seconds": time.perf_counter() - t0,
+    }
+    return errors, summary
 
 
 def saved_motion(path: str, frames: RecordedFrames) -> dict[str, Tensor]:

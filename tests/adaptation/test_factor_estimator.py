@@ -13,8 +13,10 @@ from adaptation.estimator_fit import (
     estimate_sources,
     fit_estimator,
     motion_errors,
+    odometry_errors,
     score,
     simulated_inputs,
+    with_odometry_errors,
 )
 from adaptation.evaluation import seconds_to_follow
 from adaptation.factor_estimator import MOTION as MOTION_NAMES
@@ -229,6 +231,38 @@ def test_motion_errors_recover_how_the_estimates_lean_on_truth_and_commands_and_
     sources = estimate_sources(data, after_steps=4, lags=4)
     assert sources["both/speed"] > 0.95 and sources["both/yaw_rate"] > 0.95
     assert sources["commands/yaw_rate"] < 0.05 < sources["commands/speed"] < sources["truth/speed"] < 0.9
+
+
+def test_odometry_errors_recover_gain_and_residuals_and_apply_to_exact_odometry_from_each_start():
+    g = torch.Generator().manual_seed(0)
+    n_ep, length = 40, 30
+    episode = torch.arange(n_ep).repeat_interleave(length)
+    step = torch.arange(length).repeat(n_ep)
+    exact = torch.randn(n_ep * length, 3, generator=g) * (step > 0)[:, None]
+    noise = 0.05 * torch.randn(n_ep * length, 3, generator=g)
+    measured = (torch.tensor([-0.05, 0.0, 0.01]) + exact * torch.tensor([0.9, 0.6, 1.0]) + noise) * (step > 0)[:, None]
+    errors = odometry_errors(measured, exact, episode, step)
+    assert errors.lags == 0 and errors.weights.shape == (4, 3)
+    assert torch.allclose(errors.weights[0], torch.tensor([-0.05, 0.0, 0.01]), atol=0.01)
+    assert torch.allclose(errors.weights[1:].diagonal(), torch.tensor([0.9, 0.6, 1.0]), atol=0.01)
+    assert len(errors.residuals) == n_ep and all(len(r) == length for r in errors.residuals)
+    assert not errors.residuals[0][0].any(), "no frame before an episode's first: nothing measured, no residual"
+    assert torch.allclose(errors.residuals[5][1:], noise[5 * length + 1 : 6 * length], atol=0.02)
+    # applied to simulated exact odometry: the linear part row by row, whole residual sequences, zeros at a start
+    sim = synthetic_episodes(n_episodes=6, length=48)
+    sim.inputs[:, 2:] = torch.randn(len(sim.step), 3, generator=g) * (sim.step > 0)[:, None]
+    noisy = with_odometry_errors(sim, errors, seed=3)
+    assert torch.equal(noisy.inputs[:, :2], sim.inputs[:, :2]) and torch.equal(noisy.targets, sim.targets)
+    assert not noisy.inputs[sim.step == 0, 2:].any()
+    diff = noisy.inputs[:, 2:] - errors.predict(sim.inputs[:, 2:], sim.inputs[:, :2], sim.step)
+    first = diff[1:length]  # the first episode's rows after its start: one recorded episode's residuals
+    assert any(torch.allclose(first, r[1:], atol=1e-5) for r in errors.residuals)
+    assert torch.equal(noisy.inputs, with_odometry_errors(sim, errors, seed=3).inputs)
+    assert not torch.equal(noisy.inputs, with_odometry_errors(sim, errors, seed=4).inputs)
+    with pytest.raises(ValueError, match="command lags"):
+        with_odometry_errors(sim, MotionErrors(torch.zeros(4 + 2 * 2, 3), errors.residuals))
+    with pytest.raises(ValueError, match="rows with a frame before them"):
+        odometry_errors(measured[:3], exact[:3], episode[:3], step[:3])
 
 
 class ConstantDriver:

@@ -258,13 +258,18 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     result = probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), steps=2,
                                                  batch=4, estimator_steps=2, bf16="off", sim_envs=4,
                                                  sim_seconds=2.0, sim_estimator_steps=2, teacher=str(teacher_path),
+                                                 sim_motion=("odometry", "noisy_odometry", "exact"),
+                                                 error_drive_envs=2, error_drive_steps=6,
                                                  out_dir=str(tmp_path / "pm")))  # fmt: skip
     saved = json.loads((tmp_path / "pm" / "probe_motion.json").read_text())
     assert saved["rows"] == result["rows"] == len(data.episode) and saved["receptive_field"] == 63
     assert set(saved["estimator_heldout"]) == set(saved["motion_r2"]) == {"student", "two_frame", "odometry", "exact"}
     sim = saved["simulated"]  # the estimators of the simulated worlds, scored there and on each source
     assert sim["episodes"] >= 4
-    for kind in ("odometry", "exact"):
+    errs = sim["odometry_errors"]  # measured on a drive of 2 cars x 6 frames of the run's camera env
+    assert errs["frames"] == 12 and set(errs["gain"]) == set(errs["residual_std"]) == set(MOTION)
+    assert all(v > 0 for v in errs["residual_std"].values())
+    for kind in ("odometry", "noisy_odometry", "exact"):
         assert set(sim[kind]["recorded"]) == {"student", "two_frame", "odometry", "exact"}
         assert set(sim[kind]["heldout_simulated"]) == set(saved["estimator_heldout"]["student"])
         assert all(isinstance(v, float) for v in sim[kind]["recorded"]["odometry"].values())  # NaN: runs < 2 s
@@ -290,6 +295,8 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
         ProbeMotionConfig(checkpoint=str(student), folds=1)
     with pytest.raises(ConfigError, match="sim_estimator_batch"):
         ProbeMotionConfig(checkpoint=str(student), sim_estimator_batch=0)
+    with pytest.raises(ConfigError, match="error_drive_envs"):
+        ProbeMotionConfig(checkpoint=str(student), error_drive_envs=0)
     with pytest.raises(ConfigError, match="once each"):
         ProbeMotionConfig(checkpoint=str(student), sources=("odometry", "odometry"))
 
