@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adaptation.evaluation import estimate_targets
-from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator
+from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator, normalize_velocities
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
 from adaptation.observability import blind_factor, driving_env
 from adaptation.odometry import PlanarOdometry, pose_change
@@ -139,14 +139,6 @@ EPISODE_FIELDS = ("inputs", "targets", "episode", "step")
 def normalized_motion(targets: Tensor) -> Tensor:
     """The true body velocities `(..., 3)` of `targets`, normalized as the history encoder estimates them."""
     return normalize_velocities(targets[..., [TARGET_COLUMNS.index(n) for n in MOTION]])
-
-
-def normalize_velocities(velocities: Tensor) -> Tensor:
-    """Body velocities `(..., 3)` in `MOTION` order (m/s, m/s, rad/s), normalized as the history encoder estimates
-    them."""
-    return torch.stack(
-        [(velocities[..., k] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for k, n in enumerate(MOTION)], -1
-    )
 
 
 def episode_spans(episode: Tensor) -> list[tuple[int, int]]:

@@ -41,7 +41,7 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
     if model.history is None:
         return {}
     env = RacingEnv(replace(env_cfg, num_envs=num_envs, compile=False))
-    policy = StudentPolicy(model, num_envs)
+    policy = StudentPolicy(model, num_envs, optics=env.cfg.optics, dt=env.cfg.dt)
     obs = env.get_observations()
     rows: list[tuple[dict, torch.Tensor, torch.Tensor]] = []
     for _ in range(steps):
@@ -115,7 +115,7 @@ def shift_test(
             env.shift_world(ids, action_latency=int(round(value / env.cfg.dt_physics)))
 
     set_factor(before)
-    policy = StudentPolicy(model, num_envs)
+    policy = StudentPolicy(model, num_envs, optics=env.cfg.optics, dt=env.cfg.dt)
     obs = env.get_observations()
     steps = int(seconds * env.cfg.control_hz)
     shift_step = steps // 2

@@ -46,6 +46,14 @@ STEERING_SPEED_SCALE = 3.0
 """m/s per unit of the steering-command x speed feature"""
 
 
+def normalize_velocities(velocities: Tensor) -> Tensor:
+    """Body velocities `(..., 3)` in `MOTION` order (m/s, m/s, rad/s), normalized as the history encoder estimates
+    them."""
+    return torch.stack(
+        [(velocities[..., k] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for k, n in enumerate(MOTION)], -1
+    )
+
+
 @dataclass(frozen=True)
 class EstimatorConfig:
     """Second-stage factor estimator (over commands and the student's motion estimates)."""
@@ -60,6 +68,10 @@ class EstimatorConfig:
     """TCN dilations; receptive field = 1 + (kernel - 1) * sum(dilations) steps (default 31 steps: 2 s at 15 Hz)"""
     features: Literal["raw", "physics"] = "physics"
     """per-step inputs: the five raw ones, or with the lateral acceleration and steering x speed (products of them)"""
+    motion: Literal["encoder", "odometry"] = "encoder"
+    """the motion it reads: the history encoder's estimates (trained with the student in DAgger), or planar visual
+    odometry of the camera frames (`adaptation.odometry.OdometryTracker`, run beside the student; fitted afterwards on
+    simulated worlds with the odometry's errors: `experiments.fit_estimator odometry`)"""
 
     def __post_init__(self) -> None:
         check_range("estimator.channels", self.channels, 4, 1024)
@@ -92,6 +104,10 @@ class FactorEstimator(nn.Module):
         (detached: no gradient flows back into the history encoder)."""
         motion = estimates.detach()[..., [ESTIMATES.index(n) for n in MOTION]]
         return torch.cat([prev_action, motion], -1)
+
+    @property
+    def reads_odometry(self) -> bool:
+        return self.cfg.motion == "odometry"
 
     def expand(self, x: Tensor) -> Tensor:
         """`(..., INPUT_DIM)` inputs -> `(..., input_dim)`: with `features="physics"` the lateral acceleration (speed

@@ -227,6 +227,46 @@ def pose_change(before: Tensor, after: Tensor) -> Tensor:
     return torch.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1], dyaw], -1)
 
 
+class OdometryTracker:
+    """Online odometry of N cars, one frame per control step, as `track_episodes` tracks recorded episodes: each
+    car's previous frame and last motion; at an episode's first frame (and after `reset`) the velocities are zeros and
+    the tracker starts again from rest."""
+
+    def __init__(self, odometry: PlanarOdometry, dt: float, num_envs: int, device: torch.device | str = "cpu") -> None:
+        self.odometry, self.dt = odometry, dt
+        self.resize(num_envs, device)
+
+    def resize(self, num_envs: int, device: torch.device | str = "cpu") -> None:
+        hgt, wid = self.odometry.optics.height_px, self.odometry.optics.width
+        self.previous = torch.zeros(num_envs, 1, hgt, wid, device=device)
+        self.last = torch.zeros(num_envs, 3, device=device)
+        self.seen = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        self.measured = torch.zeros(num_envs, dtype=torch.bool, device=device)
+
+    @torch.no_grad()
+    def update(self, frames: Tensor) -> Tensor:
+        """This step's frames `(N, 1, H, W)` (uint8 or float 0-255) -> body velocities `(N, 3)` (speed, lateral speed,
+        yaw rate) between each car's previous frame and this one; zeros for cars without a previous frame. Only those
+        with one are aligned; `measured` marks them."""
+        frames = frames.float()
+        out = torch.zeros(len(frames), 3, device=frames.device)
+        self.measured = self.seen.clone()
+        live = self.seen.nonzero(as_tuple=True)[0]
+        if len(live):
+            motion = self.odometry.step(self.previous[live], frames[live], self.last[live])
+            self.last[live] = motion
+            out[live] = self.odometry.body_velocity(motion, self.dt)
+        self.previous.copy_(frames)
+        self.seen.fill_(True)
+        return out
+
+    def reset(self, dones: Tensor) -> None:
+        """Forget the cars whose episode ended (their next frame starts a new episode)."""
+        done = dones.to(self.seen.device).bool()
+        self.seen[done] = False
+        self.last[done] = 0.0
+
+
 def track_episodes(
     odometry: PlanarOdometry, camera: Tensor, episode: Tensor, step: Tensor, dt: float, chunk: int = 64
 ) -> Tensor:

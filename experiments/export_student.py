@@ -25,6 +25,7 @@ from student.export import (
     export_openvino,
     export_stateful,
     export_stateless,
+    odometry_info,
     write_json,
 )
 from student.loaded import load_student
@@ -85,6 +86,7 @@ def main(cfg: ExportConfig) -> dict:
         "outputs": ["action_logits", "history_out", "z_hat", "action_latency_probs", "camera_latency_probs",
                     "estimates"],
         "checkpoint": str(cfg.checkpoint), "git_sha": git_sha(), "wandb_run": cfg.wandb_run,
+        **odometry_info(model, student.env_cfg),
     })  # fmt: skip
     parity = {}
     if cfg.parity_steps > 0:

@@ -30,12 +30,22 @@ from typing import Literal
 import torch
 from rich.console import Console
 
-from adaptation.estimator_fit import episode_inputs, estimate_sources, fit_estimator, simulated_worlds
+from adaptation.estimator_fit import (
+    EpisodeInputs,
+    episode_inputs,
+    estimate_sources,
+    fit_estimator,
+    simulated_inputs,
+    simulated_worlds,
+    with_odometry_errors,
+)
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from adaptation.odometry import OdometryConfig
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
+from experiments.probe_odometry import odometry_error_model
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import load_teacher
@@ -78,11 +88,37 @@ class FitEstimatorConfig:
     bf16: Literal["auto", "on", "off"] = "auto"
     """bfloat16 autocast for the student's pass over the recorded episodes (auto: on CPUs with native bf16, as
     DAgger trains)"""
+    batch: int = 32
+    """windows per gradient step"""
+    error_drive_envs: int = 64
+    """odometry estimators: pure-pursuit cars on the run's camera env whose odometry errors the simulated worlds get"""
+    error_drive_steps: int = 160
+    """frames per car of that drive"""
 
     def __post_init__(self) -> None:
         check_range("steps", self.steps, 1, 10_000_000)
+        check_range("batch", self.batch, 1, 100_000)
         check_range("sim_envs", self.sim_envs, 0, 1_000_000)
         check_range("sim_seconds", self.sim_seconds, 0.1, 3600.0)
+        check_range("error_drive_envs", self.error_drive_envs, 1, 100_000)
+        check_range("error_drive_steps", self.error_drive_steps, 2, 100_000)
+        if self.estimator.motion == "odometry" and self.sim_envs <= 0:
+            raise ConfigError(
+                "--estimator.motion odometry trains on simulated worlds only (the recorded episodes hold the history "
+                "encoder's motion estimates, not odometry): give --sim-envs N"
+            )
+
+
+def odometry_worlds(driver, env_cfg, cfg: FitEstimatorConfig, checkpoint: str, extra: dict) -> EpisodeInputs:
+    """Simulated worlds for an estimator that reads odometry: `cfg.sim_envs` cars driven by `driver` (blind to the
+    factors) with exact odometry, given the errors the default odometry makes on a pure-pursuit drive of the run's
+    camera env (`experiments.probe_odometry.odometry_error_model`); the errors' summary goes into `extra`."""
+    steps = max(1, int(round(cfg.sim_seconds * env_cfg.control_hz)))
+    exact = simulated_inputs(driver, env_cfg, None, cfg.sim_envs, steps, seed=cfg.seed + 1)
+    errors, extra["odometry_errors"] = odometry_error_model(
+        checkpoint, OdometryConfig(), cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
+    )
+    return with_odometry_errors(exact, errors, seed=cfg.seed + 2)
 
 
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
@@ -101,8 +137,11 @@ def main(cfg: FitEstimatorConfig) -> dict:
         raise ConfigError("--estimator.kind none: nothing to fit")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
+    odometry = cfg.estimator.motion == "odometry"
+    if odometry and not cfg.checkpoint:
+        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
     ckpt = Path(cfg.checkpoint)
-    data_dir = recorded_data(cfg.checkpoint, cfg.data_dir)
+    data_dir = None if odometry else recorded_data(cfg.checkpoint, cfg.data_dir)  # odometry: simulated worlds only
     out = Path(cfg.out) if cfg.out else estimator_path(ckpt)
     console = Console()
     student = load_student(ckpt)
@@ -110,50 +149,78 @@ def main(cfg: FitEstimatorConfig) -> dict:
     if model.history is None:
         raise ConfigError(f"{ckpt}: a student without a history encoder has no motion estimates to read")
     torch.manual_seed(cfg.seed)
-    if model.estimator is None or cfg.new:
+    if model.estimator is None or cfg.new or model.estimator.cfg.motion != cfg.estimator.motion:
         model.cfg = replace(model.cfg, estimator=cfg.estimator)
         model.estimator = FactorEstimator(
             cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes
         )
     t0 = time.time()
-    data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
     driver = None
     if cfg.sim_envs > 0:
         teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
         if not teacher_path:
             raise ConfigError(f"{ckpt} names no teacher; give --teacher to drive the simulated worlds")
         driver = load_teacher(teacher_path)
-    simulated = simulated_worlds(driver, student.env_cfg, data, cfg.sim_envs, cfg.sim_seconds, seed=cfg.seed + 1)
-    t1 = time.time()
-    stats = fit_estimator(
-        model.estimator, data, student.env_cfg.dt_physics, steps=cfg.steps, seed=cfg.seed, simulated=simulated
-    )
-    stats.update({f"sources/{k}": v for k, v in estimate_sources(data).items()})
+    dt = student.env_cfg.dt_physics
+    extra: dict = {}
+    if odometry:
+        data = odometry_worlds(driver, student.env_cfg, cfg, str(ckpt), extra)
+        t1 = time.time()
+        stats = fit_estimator(model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed)
+    else:
+        data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
+        simulated = simulated_worlds(driver, student.env_cfg, data, cfg.sim_envs, cfg.sim_seconds, seed=cfg.seed + 1)
+        t1 = time.time()
+        stats = fit_estimator(
+            model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed, simulated=simulated
+        )
+        stats.update({f"sources/{k}": v for k, v in estimate_sources(data).items()})
     t2 = time.time()
     saved = load_checkpoint(ckpt, kind=STUDENT_KIND)
     saved["model"] = model.state_dict()
     saved["student_yaml"] = to_yaml(model.cfg)
     saved["estimator_fit"] = json.dumps(
-        {**stats, "steps": cfg.steps, "data_dir": str(data_dir), "sim_envs": cfg.sim_envs}
+        {**stats, **extra, "steps": cfg.steps, "data_dir": str(data_dir or ""), "sim_envs": cfg.sim_envs}
     )
     save_atomic(saved, out)
     stats.update({"inputs_s": t1 - t0, "fit_s": t2 - t1, "rows": float(len(data.episode))})
-    sim = f" + {int(stats['simulated_episodes'])} simulated" if simulated is not None else ""
+    if odometry:
+        e = extra["odometry_errors"]
+        console.print(
+            f"odometry errors on {e['episodes']} drive episodes ({e['frames']:,} frames, {e['seconds']:.0f} s; "
+            "normalized): gain " + ", ".join(f"{k} {v:.2f}" for k, v in e["gain"].items())
+            + "; residual std " + ", ".join(f"{k} {v:.3f}" for k, v in e["residual_std"].items())
+        )  # fmt: skip
+        kind = " simulated (1 in 10 held out; odometry with its errors)"
+    else:
+        kind = "" if "simulated_episodes" not in stats else f" + {int(stats['simulated_episodes'])} simulated"
     console.print(
-        f"{int(stats['episodes'])} episodes{sim}, {len(data.episode):,} rows: inputs {t1 - t0:.0f} s, "
+        f"{int(stats['episodes'])} episodes{kind}, {len(data.episode):,} rows: inputs {t1 - t0:.0f} s, "
         f"fit {t2 - t1:.0f} s"
     )
     for part in ("train", "heldout", "heldout_after"):
         row = ", ".join(f"{k.split('/')[1]} {v:.2f}" for k, v in stats.items() if k.startswith(part + "/"))
         console.print(f"{part}: {row}")
-    for part in ("truth", "commands", "both"):
+    for part in ("truth", "commands", "both") if not odometry else ():
         row = ", ".join(f"{k.split('/')[2]} {v:.2f}" for k, v in stats.items() if k.startswith(f"sources/{part}/"))
         console.print(f"motion estimates (R² after 2 s) from {part}: {row}")
     console.print(f"student with the fitted estimator: [bold]{out.resolve()}[/]")
     return stats
 
 
-PRESETS = {"default": ("fit the factor estimator on the run's recorded episodes", FitEstimatorConfig())}
+PRESETS = {
+    "default": ("fit the factor estimator on the run's recorded episodes", FitEstimatorConfig()),
+    "odometry": (
+        "a new estimator over 63 steps of planar odometry, fitted on 2,048 cars' simulated worlds with its errors",
+        FitEstimatorConfig(
+            estimator=EstimatorConfig(motion="odometry", dilations=(1, 2, 4, 8, 16)),
+            new=True,
+            sim_envs=2048,
+            steps=12000,
+            batch=128,
+        ),
+    ),
+}
 
 if __name__ == "__main__":
     run(main, PRESETS, description=__doc__)

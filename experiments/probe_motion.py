@@ -40,12 +40,10 @@ from torch import Tensor
 
 from adaptation.estimator_fit import (
     EpisodeInputs,
-    MotionErrors,
     episode_inputs,
     fit_estimator,
     normalize_velocities,
     normalized_motion,
-    odometry_errors,
     score,
     simulated_inputs,
     with_odometry_errors,
@@ -59,7 +57,7 @@ from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
 from experiments.cli import run
 from experiments.fit_estimator import recorded_data
-from experiments.probe_odometry import ProbeOdometryConfig, drive
+from experiments.probe_odometry import odometry_error_model
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import load_teacher
@@ -221,7 +219,9 @@ def main(cfg: ProbeMotionConfig) -> dict:
         sim = simulated_inputs(load_teacher(teacher_path), student.env_cfg, None, cfg.sim_envs, steps, cfg.seed + 1)
         result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
         if "noisy_odometry" in cfg.sim_motion:
-            errors, result["simulated"]["odometry_errors"] = measured_odometry_errors(cfg)
+            errors, result["simulated"]["odometry_errors"] = odometry_error_model(
+                cfg.checkpoint, cfg.odometry, cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
+            )
         for kind in cfg.sim_motion:
             t1 = time.perf_counter()
             if kind == "odometry":
@@ -278,28 +278,6 @@ def main(cfg: ProbeMotionConfig) -> dict:
     write_text_atomic(out / "probe_motion.json", json.dumps(result, indent=2))
     console.print(f"results in [bold]{out.resolve()}[/]")
     return result
-
-
-def measured_odometry_errors(cfg: ProbeMotionConfig) -> tuple[MotionErrors, dict]:
-    """The odometry's errors against the camera's true pose change on a pure-pursuit drive of the run's camera env
-    (`experiments.probe_odometry.drive`), and a summary of them (normalized units: the linear map's diagonal, the
-    residuals' standard deviation)."""
-    drive_cfg = ProbeOdometryConfig(checkpoint=cfg.checkpoint, envs=cfg.error_drive_envs, steps=cfg.error_drive_steps,
-                                    odometry=cfg.odometry, seed=cfg.seed, after_steps=1)  # fmt: skip
-    t0 = time.perf_counter()
-    rows, env_cfg = drive(drive_cfg)
-    measured = track_episodes(PlanarOdometry(env_cfg.optics, cfg.odometry), rows.camera, rows.episode, rows.step,
-                              env_cfg.dt)  # fmt: skip
-    errors = odometry_errors(normalize_velocities(measured), normalize_velocities(rows.truth), rows.episode, rows.step)
-    res = torch.cat(errors.residuals)
-    summary = {
-        "frames": int(len(rows.step)),
-        "episodes": int(len(torch.unique(rows.episode))),
-        "gain": dict(zip(MOTION, torch.diagonal(errors.weights[1:]).tolist(), strict=True)),
-        "residual_std": dict(zip(MOTION, res.std(0).tolist(), strict=True)),
-        "seconds": time.perf_counter() - t0,
-    }
-    return errors, summary
 
 
 def saved_motion(path: str, frames: RecordedFrames) -> dict[str, Tensor]:

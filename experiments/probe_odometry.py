@@ -24,6 +24,8 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
+from adaptation.estimator_fit import MotionErrors, odometry_errors
+from adaptation.factor_estimator import MOTION, normalize_velocities
 from adaptation.odometry import OdometryConfig, PlanarOdometry, pose_change, track_episodes
 from envs.config_io import write_text_atomic
 from envs.errors import check_range
@@ -110,6 +112,31 @@ def drive(cfg: ProbeOdometryConfig) -> tuple[Drive, EnvConfig]:
     truth = PlanarOdometry.body_velocity(motion, env_cfg.dt) * (step > 0)[..., None]
     camera = torch.stack(frames, 1)
     return Drive(camera.reshape(-1, *camera.shape[2:]), truth.reshape(-1, 3), episode, step.reshape(-1)), env_cfg
+
+
+def odometry_error_model(
+    checkpoint: str, odometry: OdometryConfig, envs: int = 64, steps: int = 160, seed: int = 0
+) -> tuple[MotionErrors, dict]:
+    """How `odometry` errs on a student's camera env: a pure-pursuit drive of `envs` cars x `steps` frames (`drive`),
+    each car tracked through its episodes and compared with the camera's true pose change
+    (`adaptation.estimator_fit.odometry_errors`), and a summary (normalized units: the linear map's diagonal, the
+    residuals' standard deviation, the drive's size and time)."""
+    drive_cfg = ProbeOdometryConfig(checkpoint=checkpoint, envs=envs, steps=steps, odometry=odometry, seed=seed,
+                                    after_steps=1)  # fmt: skip
+    t0 = time.perf_counter()
+    rows, env_cfg = drive(drive_cfg)
+    measured = track_episodes(PlanarOdometry(env_cfg.optics, odometry), rows.camera, rows.episode, rows.step,
+                              env_cfg.dt)  # fmt: skip
+    errors = odometry_errors(normalize_velocities(measured), normalize_velocities(rows.truth), rows.episode, rows.step)
+    res = torch.cat(errors.residuals)
+    summary = {
+        "frames": int(len(rows.step)),
+        "episodes": int(len(torch.unique(rows.episode))),
+        "gain": dict(zip(MOTION, torch.diagonal(errors.weights[1:]).tolist(), strict=True)),
+        "residual_std": dict(zip(MOTION, res.std(0).tolist(), strict=True)),
+        "seconds": time.perf_counter() - t0,
+    }
+    return errors, summary
 
 
 def accuracy(estimate: Tensor, truth: Tensor) -> dict[str, dict[str, float]]:

@@ -1,9 +1,10 @@
 """Deployment runtime: the exported student driving at 15 Hz with a watchdog, logging every step.
 
-The runtime reads only ONNX / OpenVINO IR / JSON from an export folder (nothing pickled) and opens no network port.
-It owns the recurrent state, preprocesses frames exactly like the car (OpenCV resize to 160x120, BGR -> gray),
-runs ONNX Runtime or OpenVINO, maps the chosen action through the calibration table, and holds the control rate:
-a frame that arrives late repeats the last safe command, a camera that stops delivering stops the car.
+The runtime reads only ONNX / OpenVINO IR / JSON from an export folder (nothing pickled) and opens no network port. It
+owns the recurrent state, preprocesses frames exactly like the car (OpenCV resize to 160x120, BGR -> gray), runs ONNX
+Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator reads it), maps the chosen
+action through the calibration table, and holds the control rate: a frame that arrives late repeats the last safe
+command, a camera that stops delivering stops the car.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class OnnxBackend:
         return dict(zip(self.outputs, self.session.run(self.outputs, feeds)))
 
 
+def _graph_name(names: set[str]) -> str:
+    """The name an input was exported under: one not made up by the converter (those start with `/`)."""
+    plain = sorted(n for n in names if not n.startswith("/"))
+    return plain[0] if plain else sorted(names)[0]
+
+
 class OpenVinoBackend:
     def __init__(self, xml: Path, threads: int = 1) -> None:
         import openvino as ov
@@ -70,7 +77,8 @@ class OpenVinoBackend:
         config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
         self.model = core.compile_model(str(xml), "CPU", config)
         self.request = self.model.create_infer_request()
-        self.inputs = {i.get_any_name(): list(i.get_partial_shape().to_shape()) for i in self.model.inputs}
+        # An input tensor can carry several names (the ONNX input's and an internal node's); keep the ONNX one.
+        self.inputs = {_graph_name(i.get_names()): list(i.get_partial_shape().to_shape()) for i in self.model.inputs}
         self.outputs = [o.get_any_name() for o in self.model.outputs]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -119,12 +127,32 @@ class StudentRuntime:
             self.backend = OpenVinoBackend(xml, threads)
         else:
             raise ExportError(f"backend {backend!r}; use onnx or openvino")
+        self.tracker = self._odometry() if "motion" in self.backend.inputs else None
         self.reset()
         self._check_shapes()
+
+    def _odometry(self):
+        """The tracker feeding a graph's `motion` input: planar odometry through the camera `export.json` names."""
+        import torch
+
+        from adaptation.odometry import OdometryTracker, PlanarOdometry
+        from envs.racing.camera import CameraConfig
+
+        try:
+            odo = self.info["odometry"]
+            optics, dt = CameraConfig(**odo["optics"]), float(odo["dt"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ExportError(
+                f"{self.folder}: the model reads odometry but export.json has no valid odometry entry ({err})"
+            ) from None
+        self._torch = torch
+        return OdometryTracker(PlanarOdometry(optics), dt, 1)
 
     def _check_shapes(self) -> None:
         inputs = self.backend.inputs
         expected = {"camera": [1, 1, 120, 160], "prev_action": [1, 2], "history_in": self.info["history_shape"]}
+        if self.tracker is not None:
+            expected["motion"] = [1, 3]
         for name, shape in expected.items():
             if name not in inputs:
                 raise ExportError(f"{self.folder}: model has no input {name!r} (inputs: {sorted(inputs)})")
@@ -136,8 +164,18 @@ class StudentRuntime:
         if n_out != n_act:
             raise ExportError(f"{self.folder}: model outputs {n_out} actions but the action table has {n_act}")
 
-    def _feeds(self, camera: np.ndarray) -> dict[str, np.ndarray]:
-        return {"camera": camera, "prev_action": self.prev_action, "history_in": self.history}
+    def _feeds(self, camera: np.ndarray, motion: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        feeds = {"camera": camera, "prev_action": self.prev_action, "history_in": self.history}
+        if self.tracker is not None:
+            feeds["motion"] = np.zeros((1, 3), np.float32) if motion is None else motion
+        return feeds
+
+    def _motion(self, camera: np.ndarray) -> np.ndarray:
+        """Normalized body velocities between the last frame and this one (zeros at an episode's first frame)."""
+        from adaptation.factor_estimator import normalize_velocities
+
+        velocities = self.tracker.update(self._torch.from_numpy(camera))
+        return (normalize_velocities(velocities) * self.tracker.measured[:, None]).numpy().astype(np.float32)
 
     def reset(self) -> None:
         try:
@@ -146,10 +184,14 @@ class StudentRuntime:
             raise ExportError(f"{self.folder}: export.json has no valid history_shape") from None
         self.prev_action = np.zeros((1, 2), dtype=np.float32)
         self.last_outputs: dict[str, np.ndarray] = {}
+        if self.tracker is not None:
+            self.tracker.reset(self._torch.ones(1, dtype=self._torch.bool))
 
     def infer(self, camera: np.ndarray) -> dict[str, np.ndarray]:
         """One control step on a preprocessed `(1, 1, 120, 160)` frame; advances the recurrent state."""
-        out = self.backend.run(self._feeds(camera))
+        motion = self._motion(camera) if self.tracker is not None else None
+        self.last_motion = motion
+        out = self.backend.run(self._feeds(camera, motion))
         self.history = out["history_out"].astype(np.float32)
         self.last_outputs = out
         return out

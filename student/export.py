@@ -1,10 +1,11 @@
 """Export the student for the car: ONNX with explicit recurrent state, a stateless stock-software variant, OpenVINO
 IR, DeepRacer `model_metadata.json`, ONNX metadata, and a `carfile.tar.gz` bundle.
 
-Stateful graph (`student.onnx`): inputs `camera` (1, 1, 120, 160) float32 raw pixels 0-255 (scaling is inside the
-graph, as the car feeds raw pixels), `prev_action` (1, 2), `history_in`; outputs `action_logits`, `history_out`,
-`z_hat`, `action_latency_probs`, `camera_latency_probs`, `estimates` (friction, motor gain, speed, lateral speed,
-yaw rate).
+Stateful graph (`student.onnx`): inputs `camera` (1, 1, 120, 160) float32 raw pixels 0-255 (scaling is inside the graph,
+as the car feeds raw pixels), `prev_action` (1, 2), `history_in`, and for a factor estimator that reads odometry
+`motion` (1, 3) (the deployment loop runs the odometry: `export.json` carries its camera and period); outputs
+`action_logits`, `history_out`, `z_hat`, `action_latency_probs`, `camera_latency_probs`, `estimates` (friction, motor
+gain, speed, lateral speed, yaw rate).
 
 Stateless graph (`student_stateless.onnx`) for the stock car software: one input `FRONT_FACING_CAMERA` with the last
 K frames stacked as channels (oldest first), first output `action_probs`. It cannot see its previous actions (the
@@ -13,6 +14,7 @@ stock software does not feed them), so it runs the history over the stacked fram
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 from pathlib import Path
@@ -34,22 +36,26 @@ class StatefulGraph(nn.Module):
         super().__init__()
         self.model = model.eval()
 
-    def forward(self, camera: Tensor, prev_action: Tensor, history_in: Tensor):
-        outputs, heads, history_out = self.model.step(camera * (1.0 / 255.0), prev_action, history_in)
+    def forward(self, camera: Tensor, prev_action: Tensor, history_in: Tensor, motion: Tensor | None = None):
+        outputs, heads, history_out = self.model.step(camera * (1.0 / 255.0), prev_action, history_in, motion)
         if not heads:
             zero = torch.zeros(camera.shape[0], 1)
             return outputs, history_out, zero, zero, zero, zero
-        est = heads["estimates"]
-        scale = torch.tensor([ESTIMATE_SCALE[n][1] for n in ESTIMATES])
-        centre = torch.tensor([ESTIMATE_SCALE[n][0] for n in ESTIMATES])
         return (
             outputs,
             history_out,
             heads["z_hat"],
             torch.softmax(heads["action_latency_logits"], -1),
             torch.softmax(heads["camera_latency_logits"], -1),
-            est * scale + centre,
+            self.forward_estimates(heads),
         )
+
+    @staticmethod
+    def forward_estimates(heads: dict[str, Tensor]) -> Tensor:
+        """The `estimates` output: the heads' normalized estimates in physical units."""
+        scale = torch.tensor([ESTIMATE_SCALE[n][1] for n in ESTIMATES])
+        centre = torch.tensor([ESTIMATE_SCALE[n][0] for n in ESTIMATES])
+        return heads["estimates"] * scale + centre
 
 
 class StatelessGraph(nn.Module):
@@ -70,12 +76,22 @@ class StatelessGraph(nn.Module):
 OUTPUT_NAMES = ["action_logits", "history_out", "z_hat", "action_latency_probs", "camera_latency_probs", "estimates"]
 
 
+def reads_odometry(model: StudentModel) -> bool:
+    return model.estimator is not None and model.estimator.reads_odometry
+
+
 def export_stateful(model: StudentModel, path: Path) -> Path:
+    """The stateful graph; a student whose factor estimator reads odometry takes a fourth input `motion` (1, 3), the
+    normalized body velocities between the previous frame and this one (`student.deploy.StudentRuntime` runs the
+    odometry and feeds it)."""
     graph = StatefulGraph(model)
     state = model.init_state(1)
-    dummy = (torch.zeros(1, 1, 120, 160), torch.zeros(1, 2), state)
+    dummy: tuple[Tensor, ...] = (torch.zeros(1, 1, 120, 160), torch.zeros(1, 2), state)
+    names = ["camera", "prev_action", "history_in"]
+    if reads_odometry(model):
+        dummy, names = (*dummy, torch.zeros(1, 3)), [*names, "motion"]
     torch.onnx.export(
-        graph, dummy, str(path), input_names=["camera", "prev_action", "history_in"], output_names=OUTPUT_NAMES,
+        graph, dummy, str(path), input_names=names, output_names=OUTPUT_NAMES,
         opset_version=OPSET, dynamo=False, external_data=False,
     )  # fmt: skip
     return path
@@ -88,6 +104,14 @@ def export_stateless(model: StudentModel, path: Path, frames: int) -> Path:
         output_names=["action_probs"], opset_version=OPSET, dynamo=False, external_data=False,
     )  # fmt: skip
     return path
+
+
+def odometry_info(model: StudentModel, env_cfg) -> dict:
+    """`export.json`'s `odometry` entry for a student whose estimator reads odometry (the calibrated camera and the
+    control period the deployment loop's tracker needs); empty otherwise."""
+    if not reads_odometry(model):
+        return {}
+    return {"odometry": {"optics": dataclasses.asdict(env_cfg.optics), "dt": env_cfg.dt}}
 
 
 def add_metadata(path: Path, props: dict[str, str]) -> None:
@@ -140,13 +164,18 @@ def closed_loop_parity(model: StudentModel, folder: Path, env, steps: int = 200,
     runtime = StudentRuntime(folder, backend=backend)
     state = model.init_state(1)
     obs = env.get_observations()
-    max_diff, agree = 0.0, 0
+    max_diff, agree, est_diff = 0.0, 0, 0.0
     with torch.no_grad():
         for _ in range(steps):
             cam, prev = obs["camera"][:1], obs["proprio"][:1, :2]
-            out, _, state = model.step(cam, prev, state)
             runtime.prev_action = prev.numpy().astype("float32")
-            exported = runtime.infer(cam.float().numpy())["action_logits"]
+            result = runtime.infer(cam.float().numpy())
+            exported = result["action_logits"]
+            motion = None if runtime.last_motion is None else torch.from_numpy(runtime.last_motion)
+            out, heads, state = model.step(cam, prev, state, motion)  # the odometry's motion, as the car measured it
+            if heads:
+                est = StatefulGraph.forward_estimates(heads)
+                est_diff = max(est_diff, float(abs(result["estimates"] - est.numpy()).max()))
             max_diff = max(max_diff, float(abs(exported - out.numpy()).max()))
             agree += int(exported.argmax() == out.argmax().item())
             action = model.actions(out)
@@ -154,4 +183,9 @@ def closed_loop_parity(model: StudentModel, folder: Path, env, steps: int = 200,
             if bool(dones[0]):
                 state.zero_()
                 runtime.reset()
-    return {"steps": steps, "max_logit_diff": max_diff, "argmax_agreement": agree / steps}
+    return {
+        "steps": steps,
+        "max_logit_diff": max_diff,
+        "argmax_agreement": agree / steps,
+        "max_estimate_diff": est_diff,
+    }

@@ -13,9 +13,11 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator, normalize_velocities
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
+from adaptation.odometry import OdometryTracker, PlanarOdometry
 from envs.errors import check_range
+from envs.racing.camera import CameraConfig
 from student.networks import EncoderConfig, ImageEncoder, PolicyHead, scale_frames
 
 
@@ -147,7 +149,7 @@ class StudentModel(nn.Module):
             return self.head(torch.cat([emb, prev_action], -1)), {}
         h = self.history(torch.cat([emb, prev_action], -1), mask)
         heads = self.history.heads(h)
-        if self.estimator is not None:
+        if self.estimator is not None and not self.estimator.reads_odometry:  # odometry is not part of the window
             heads = FactorEstimator.merge(
                 heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
             )
@@ -173,8 +175,14 @@ class StudentModel(nn.Module):
             return torch.zeros(n, *parts[0], device=device)
         return torch.zeros(n, sum(p.numel() for p in parts), device=device)
 
-    def step(self, camera: Tensor, prev_action: Tensor, state: Tensor) -> tuple[Tensor, dict[str, Tensor], Tensor]:
-        """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state."""
+    def step(
+        self, camera: Tensor, prev_action: Tensor, state: Tensor, motion: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+        """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state.
+
+        A factor estimator that reads odometry takes `motion` `(N, 3)`: the normalized body velocities the odometry
+        measured between the previous frame and this one (`adaptation.odometry.OdometryTracker`); without it the
+        estimator is not run (its state part is kept as it was) and the heads are the history encoder's own."""
         n, parts = camera.shape[0], self._state_parts()
         if len(parts) == 1:
             pieces = [state]
@@ -197,9 +205,18 @@ class StudentModel(nn.Module):
             outputs, heads = self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
         new.append(hist)
         if self.estimator is not None:
-            ours, est_state = self.estimator.step(FactorEstimator.inputs(prev_action, heads["estimates"]), pieces[1])
-            heads = FactorEstimator.merge(heads, ours)
-            new.append(est_state)
+            if not self.estimator.reads_odometry:
+                inputs = FactorEstimator.inputs(prev_action, heads["estimates"])
+            elif motion is not None:
+                inputs = torch.cat([prev_action, motion.to(prev_action.dtype)], -1)
+            else:
+                inputs = None
+            if inputs is None:
+                new.append(pieces[1])
+            else:
+                ours, est_state = self.estimator.step(inputs, pieces[1])
+                heads = FactorEstimator.merge(heads, ours)
+                new.append(est_state)
         if self.encoder.motion:
             ones = torch.ones(n, 1, device=state.device, dtype=state.dtype)
             new.append(torch.cat([frame.flatten(1).to(state.dtype), ones], dim=1))
@@ -215,19 +232,40 @@ class StudentModel(nn.Module):
 
 
 class StudentPolicy:
-    """A student driving batched envs: owns the per-env recurrent state (reset on done)."""
+    """A student driving batched envs: owns the per-env recurrent state (reset on done).
 
-    def __init__(self, model: StudentModel, num_envs: int, device: torch.device | str = "cpu") -> None:
+    A student whose factor estimator reads odometry gets its motion from an `OdometryTracker` over the camera frames
+    when `optics` (the env's calibrated camera) and the control period `dt` are given; without them it drives the
+    same and its heads are the history encoder's own (DAgger's rollouts need no estimates and skip the odometry's
+    cost)."""
+
+    def __init__(
+        self,
+        model: StudentModel,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        optics: CameraConfig | None = None,
+        dt: float | None = None,
+    ) -> None:
         self.model, self.device = model, torch.device(device)
         self.state = model.init_state(num_envs, self.device)
         self.last_heads: dict[str, Tensor] = {}
         self.last_outputs: Tensor | None = None
+        self.tracker: OdometryTracker | None = None
+        if model.estimator is not None and model.estimator.reads_odometry and optics is not None:
+            if dt is None:
+                raise ValueError("StudentPolicy: the odometry needs the control period dt")
+            self.tracker = OdometryTracker(PlanarOdometry(optics), dt, num_envs, self.device)
 
     @torch.no_grad()
     def act(self, obs: TensorDict) -> Tensor:
         was_training = self.model.training
         self.model.eval()
-        outputs, heads, self.state = self.model.step(obs["camera"], obs["proprio"][:, :2], self.state)
+        motion = None
+        if self.tracker is not None:
+            velocities = self.tracker.update(obs["camera"].to(self.device))
+            motion = normalize_velocities(velocities) * self.tracker.measured[:, None]  # zeros where nothing before
+        outputs, heads, self.state = self.model.step(obs["camera"], obs["proprio"][:, :2], self.state, motion)
         self.model.train(was_training)
         self.last_outputs, self.last_heads = outputs, heads
         return self.model.actions(outputs)
@@ -236,6 +274,10 @@ class StudentPolicy:
         """Clear the history of envs whose episode ended (their next frame starts a new episode)."""
         if bool(dones.any()):
             self.state[dones.to(self.state.device)] = 0.0
+            if self.tracker is not None:
+                self.tracker.reset(dones)
 
     def resize(self, num_envs: int) -> None:
         self.state = self.model.init_state(num_envs, self.device)
+        if self.tracker is not None:
+            self.tracker.resize(num_envs, self.device)

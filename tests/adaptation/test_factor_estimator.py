@@ -359,8 +359,9 @@ def test_fit_estimator_learns_from_simulated_worlds_and_scores_on_recorded_ones(
         fit(synthetic_episodes(n_episodes=3, length=40))
 
 
-def test_estimation_by_time_scores_each_bin_and_every_output_after_two_seconds(monkeypatch):
-    """The student's estimates are scored while a scripted driver keeps the cars on the track for 5 s."""
+def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, steps=75):
+    """`estimation_by_time` of an untrained student while a pure-pursuit driver keeps the cars on the track; the
+    policy objects it made, and per step the true body velocities."""
     from types import SimpleNamespace
 
     import adaptation.evaluation as evaluation
@@ -369,24 +370,52 @@ def test_estimation_by_time_scores_each_bin_and_every_output_after_two_seconds(m
     from student.model import StudentPolicy
     from teacher.pure_pursuit import PurePursuitDriver
 
-    env_cfg = EnvConfig(num_envs=4, camera="projective", compile=False)
+    env_cfg = EnvConfig(num_envs=num_envs, camera="projective", compile=False)
     env = RacingEnv(env_cfg)
     pursuit = PurePursuitDriver(env.action_space, env_cfg.car, env_cfg.obs.lookahead_points,
                                 env_cfg.obs.lookahead_spacing)  # fmt: skip
+    made = []
 
     class Scripted(StudentPolicy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.velocities, self.measured = [], []
+            made.append(self)
+
         def act(self, obs):
             super().act(obs)  # the student's estimates, as it drives
+            if self.tracker is not None:
+                self.velocities.append(self.tracker.last.clone() * 15.0)
+                self.measured.append(self.tracker.measured.clone())
             return pursuit.act(obs)
 
     monkeypatch.setattr(evaluation, "StudentPolicy", Scripted)
     teacher = SimpleNamespace(actor=SimpleNamespace(factor_encoder=SimpleNamespace(latent_dim=8)))
     torch.manual_seed(0)
-    model = StudentModel(StudentConfig(), output_spec(env, teacher)).eval()
-    out = evaluation.estimation_by_time(model, env_cfg, num_envs=4, steps=75)
+    model = StudentModel(StudentConfig(estimator=estimator), output_spec(env, teacher)).eval()
+    return evaluation.estimation_by_time(model, env_cfg, num_envs=num_envs, steps=steps), made
+
+
+def test_estimation_by_time_scores_each_bin_and_every_output_after_two_seconds(monkeypatch):
+    """The student's estimates are scored while a scripted driver keeps the cars on the track for 5 s."""
+    out, made = scripted_estimation(monkeypatch, EstimatorConfig())
+    assert made[0].tracker is None, "an estimator reading the encoder runs no odometry"
     bins = ("0-0.5s", "0.5-1s", "1-2s", "2-4s", ">4s")
     assert set(out) == {*bins, "after 2s"}
     assert [out[k]["samples"] for k in bins] == [4 * 8, 4 * 7, 4 * 15, 4 * 30, 4 * 15]  # no car left the track
     assert out["after 2s"]["samples"] == out["2-4s"]["samples"] + out[">4s"]["samples"]
     late = [out[k]["speed_r2"] for k in ("2-4s", ">4s")]
     assert out["after 2s"]["speed_r2"] not in late, "scored on both bins' outputs together"
+
+
+def test_estimation_by_time_runs_the_odometry_beside_a_student_that_reads_it(monkeypatch):
+    """An estimator that reads odometry is fed by a tracker over the env's frames: it measures the cars' forward
+    motion (each car's frames follow its own pose) from their second frame on."""
+    out, made = scripted_estimation(monkeypatch, EstimatorConfig(motion="odometry", dilations=(1, 2)), steps=40)
+    policy = made[0]
+    assert policy.tracker is not None
+    measured = torch.stack(policy.measured)
+    assert not measured[0].any() and measured[1:].all(), "no car left the track: every later frame is measured"
+    forward = torch.stack(policy.velocities)[5:, :, 0]  # per frame, m/s: the pure-pursuit cars speed up to ~2 m/s
+    assert 0.8 < float(forward.median()) < 4.0, forward.median()
+    assert out["0.5-1s"]["samples"] == 4 * 7

@@ -138,6 +138,39 @@ def test_tracks_episodes_from_rest_in_any_row_order(scene):
     assert torch.allclose(again, vel.reshape(-1, 3)[perm], atol=1e-5)
 
 
+def test_online_tracker_matches_the_recorded_episodes_tracking_across_a_reset(scene):
+    """Two cars one frame per step: car 0 drives one episode, car 1 ends its episode after 8 frames and starts
+    the same drive again. Each step's velocities equal `track_episodes` on the recorded episodes; the first frame
+    of each episode reads zeros, not measured."""
+    from adaptation.odometry import OdometryTracker
+
+    optics, dt, steps, cut = CameraConfig(), 1 / 15, 14, 8
+    camera = ProjectiveCamera(scene, optics)
+    s = 1.8 * torch.arange(steps) * dt
+    poses = torch.stack([centreline_poses(s0 + s) for s0 in (1.5, 3.4)])
+    frames = render(camera, poses.reshape(-1, 3)).reshape(2, steps, 1, *render(camera, poses[0, :1]).shape[2:])
+    odometry = PlanarOdometry(optics)
+    episode, step = torch.arange(2).repeat_interleave(steps), torch.arange(steps).repeat(2)
+    recorded = track_episodes(odometry, frames.flatten(0, 1), episode, step, dt).reshape(2, steps, 3)
+    tracker = OdometryTracker(odometry, dt, 2)
+    got, measured = [], []
+    for t in range(steps + cut):
+        cur = torch.stack([frames[0, min(t, steps - 1)], frames[1, t if t < cut else t - cut]])
+        got.append(tracker.update(cur))
+        measured.append(tracker.measured.clone())
+        if t == cut - 1:
+            tracker.reset(torch.tensor([False, True]))
+    got, measured = torch.stack(got, 1), torch.stack(measured, 1)
+    assert torch.allclose(got[0, :steps], recorded[0], atol=1e-5)
+    assert torch.allclose(got[1, :cut], recorded[1, :cut], atol=1e-5)
+    assert torch.allclose(got[1, cut:], recorded[1, :steps], atol=1e-5), "the new episode tracked from rest again"
+    assert measured[0, 1:].all() and not measured[0, 0]
+    assert measured[1].tolist() == [t not in (0, cut) for t in range(steps + cut)]
+    assert recorded[:, 1:, 0].min() > 1.0, "the cars move"
+    tracker.resize(3)
+    assert tracker.update(frames[:, 0].repeat(2, 1, 1, 1)[:3]).abs().max() == 0 and not tracker.measured.any()
+
+
 def test_blur_keeps_a_flat_image_and_the_mean():
     img = torch.rand(2, 1, 20, 30) * 255
     assert torch.equal(gaussian_blur(img, 0.0), img)

@@ -86,6 +86,39 @@ def test_motion_student_exports_with_its_previous_frame_in_the_state(tmp_path):
         assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
 
 
+def test_odometry_estimator_student_exports_a_motion_input_the_runtime_feeds(tmp_path):
+    """The graph takes the odometry's motion; the runtime tracks the frames through the camera export.json names,
+    and its estimates match the torch student's fed the same motion. Without the odometry entry it is refused."""
+    from adaptation.factor_estimator import EstimatorConfig
+
+    cfg = StudentConfig(estimator=EstimatorConfig(motion="odometry", dilations=(1, 2)))
+    out, model, result = export_student(tmp_path, cfg, parity_steps=40)
+    info = json.loads((out / "export.json").read_text())
+    assert info["odometry"]["dt"] == pytest.approx(ENV.dt) and info["odometry"]["optics"]["hfov_deg"] > 0
+    for backend, parity in result["parity"].items():
+        assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
+        assert parity["max_estimate_diff"] < 1e-3, backend
+    runtime = StudentRuntime(out)
+    assert runtime.backend.inputs["motion"] == [1, 3]
+    env = RacingEnv(ENV)
+    straight = min(range(env.action_space.num_choices), key=lambda i: (abs(env.action_space.choices[i][0]),
+                                                                        -env.action_space.choices[i][1]))  # fmt: skip
+    obs, moved = env.get_observations(), []
+    for _ in range(12):
+        runtime.infer(obs["camera"][:1].float().numpy())
+        moved.append(runtime.last_motion.copy())
+        obs, _, _, _ = env.step(torch.tensor([[float(straight)]]))
+    assert not moved[0].any(), "no frame before the first"
+    assert any(not np.allclose(m, moved[1]) for m in moved[2:]), "the measured motion changes as the car speeds up"
+    runtime.reset()
+    runtime.infer(obs["camera"][:1].float().numpy())
+    assert not runtime.last_motion.any(), "a reset starts the tracker again"
+    info.pop("odometry")
+    (out / "export.json").write_text(json.dumps(info))
+    with pytest.raises(ExportError, match="odometry"):
+        StudentRuntime(out)
+
+
 def test_stateless_variant_runs_on_stacked_frames(exported):
     import onnxruntime as ort
 

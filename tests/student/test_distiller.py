@@ -201,6 +201,24 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     before, after = load_student(student).model.state_dict(), load_student(tmp_path / "fitted.pt").model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("estimator."))
+    # A new estimator that reads odometry, fitted on simulated worlds given the odometry's errors on a tiny drive.
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--steps", "10",
+         "--batch", "8", "--sim-envs", "6", "--sim-seconds", "3", "--estimator.dilations", "1", "2",
+         "--error-drive-envs", "2", "--error-drive-steps", "6", "--out", str(tmp_path / "odometry.pt")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "odometry errors on 2 drive episodes (12 frames" in proc.stdout, proc.stderr[-3000:]
+    fitted = load_student(tmp_path / "odometry.pt").model
+    assert fitted.estimator.reads_odometry and fitted.cfg.estimator.dilations == (1, 2)
+    after = fitted.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--sim-envs",
+         "0"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--sim-envs N" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--data-dir",
          str(tmp_path / "nowhere")],

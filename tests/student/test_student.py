@@ -55,6 +55,40 @@ def test_student_window_and_step_agree(kind, motion):
     assert cfg.context == StudentConfig(history=cfg.history).context + motion, "motion reads one frame further back"
 
 
+def test_an_odometry_estimator_reads_the_given_motion_and_is_skipped_without_it():
+    """Window pass: the history encoder's own heads (odometry is not part of a training window). Step with motion:
+    the estimator's window pass over (previous action, motion) from the episode start. Step without motion: the
+    encoder's heads, the estimator's state part untouched, the actions the same."""
+    from adaptation.factor_estimator import EstimatorConfig
+
+    torch.manual_seed(0)
+    cfg = StudentConfig(estimator=EstimatorConfig(motion="odometry", dilations=(1, 2)))
+    model = StudentModel(cfg, SPEC).eval()
+    plain = StudentModel(StudentConfig(estimator=EstimatorConfig(kind="none")), SPEC).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("estimator.")})
+    t = 9
+    cam = torch.randint(0, 256, (2, t, 1, 120, 160), dtype=torch.uint8)
+    prev, motion = torch.rand(2, t, 2), torch.randn(2, t, 3)
+    mask = torch.ones(2, t, dtype=torch.bool)
+    with torch.no_grad():
+        out_w, heads_w = model.forward_window(cam, prev, mask)
+        out_p, heads_p = plain.forward_window(cam, prev, mask)
+        assert torch.equal(out_w, out_p) and all(torch.equal(heads_w[k], heads_p[k]) for k in heads_p)
+        ours = model.estimator(torch.cat([prev, motion], -1), mask)
+        s_with, s_without = model.init_state(2), model.init_state(2)
+        for i in range(t):
+            o1, h1, s_with = model.step(cam[:, i], prev[:, i], s_with, motion[:, i])
+            before = s_without.clone()
+            o2, h2, s_without = model.step(cam[:, i], prev[:, i], s_without)
+            assert torch.allclose(o1, out_w[:, i], atol=1e-4) and torch.equal(o1, o2), "the policy never reads it"
+            assert torch.allclose(h1["action_latency_logits"], ours["action_latency_logits"][:, i], atol=1e-4)
+            assert torch.allclose(h2["action_latency_logits"], heads_w["action_latency_logits"][:, i], atol=1e-4)
+            assert torch.allclose(h2["estimates"], heads_w["estimates"][:, i], atol=1e-4)
+            hist_size = model.history.init_state(1).numel()
+            assert torch.equal(s_without[:, hist_size:], before[:, hist_size:]), "the estimator's inputs stay zeros"
+    assert not torch.allclose(h1["estimates"], h2["estimates"])
+
+
 @pytest.mark.parametrize("motion", [False, True])
 def test_strided_encoder_gradient_keeps_outputs_and_limits_gradient_to_its_frames(motion):
     torch.manual_seed(0)
