@@ -21,7 +21,9 @@ Planar odometry's errors are another matter: they do not depend on the commands,
 where the truth is known (a drive of the camera env, the camera's pose change beside the tracked one).
 `with_odometry_errors` gives simulated worlds with exact odometry those errors; an estimator trained on them read a
 default run's recorded episodes through their measured odometry with friction R² 0.52 and motor gain 0.90, where one
-trained on exact odometry scored -0.03 and 0.77 (`experiments.probe_motion --sim-motion noisy_odometry`).
+trained on exact odometry scored -0.03 and 0.77 (`experiments.probe_motion --sim-motion noisy_odometry`). Run online
+beside the student (`experiments.fit_estimator odometry`, then `experiments.evaluate`) it scored friction 0.54 and motor
+gain 0.93 after 2 s.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ following the steering, so the two products are handed to it. Trained on simulat
 (4,233 episodes, 12,000 steps, scored on held-out worlds ≥ 2 s after a start), they raised the friction R² from 0.65
 to 0.72 (two squared-speed terms besides added nothing: 0.70).
 
+With `motion="odometry"` the three motion inputs are planar visual odometry of the frames instead
+(`adaptation.odometry.OdometryTracker`, run beside the student; the estimator is then fitted on simulated worlds with
+the odometry's errors, not in DAgger, whose training windows carry no odometry).
+
 Window pass and one-step pass compute the same thing (`tcn_window` / `tcn_step`), so deployment state is the last
 `receptive_field - 1` inputs.
 """
