@@ -58,6 +58,14 @@ class DistillConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """W&B logging"""
 
+    def __post_init__(self) -> None:
+        if self.student.estimator.motion == "odometry":
+            raise ConfigError(
+                "--student.estimator.motion odometry: DAgger's windows carry no odometry, so that estimator cannot "
+                "train here; distill with the encoder-fed one, then `python -m experiments.fit_estimator odometry "
+                "--checkpoint <round .pt>`"
+            )
+
 
 def latest_round(run_dir: Path) -> Path | None:
     found = sorted((run_dir / "checkpoints").glob("round_*.pt"))

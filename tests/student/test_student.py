@@ -87,6 +87,11 @@ def test_an_odometry_estimator_reads_the_given_motion_and_is_skipped_without_it(
             hist_size = model.history.init_state(1).numel()
             assert torch.equal(s_without[:, hist_size:], before[:, hist_size:]), "the estimator's inputs stay zeros"
     assert not torch.allclose(h1["estimates"], h2["estimates"])
+    from envs.errors import ConfigError
+    from experiments.distill_student import DistillConfig
+
+    with pytest.raises(ConfigError, match="fit_estimator odometry"):  # DAgger cannot train it: refused by name
+        DistillConfig(student=cfg)
 
 
 @pytest.mark.parametrize("motion", [False, True])
