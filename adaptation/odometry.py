@@ -260,6 +260,14 @@ class OdometryTracker:
         self.seen.fill_(True)
         return out
 
+    def estimator_inputs(self, frames: Tensor) -> Tensor:
+        """`update`, normalized as the factor estimator reads its motion inputs, and zeros (not the normalized zero
+        velocity) where nothing came before, as its training worlds have them at each episode's first step."""
+        from adaptation.factor_estimator import normalize_velocities
+
+        velocities = self.update(frames)
+        return normalize_velocities(velocities) * self.measured[:, None]
+
     def reset(self, dones: Tensor) -> None:
         """Forget the cars whose episode ended (their next frame starts a new episode)."""
         done = dones.to(self.seen.device).bool()

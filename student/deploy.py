@@ -172,10 +172,7 @@ class StudentRuntime:
 
     def _motion(self, camera: np.ndarray) -> np.ndarray:
         """Normalized body velocities between the last frame and this one (zeros at an episode's first frame)."""
-        from adaptation.factor_estimator import normalize_velocities
-
-        velocities = self.tracker.update(self._torch.from_numpy(camera))
-        return (normalize_velocities(velocities) * self.tracker.measured[:, None]).numpy().astype(np.float32)
+        return self.tracker.estimator_inputs(self._torch.from_numpy(camera)).numpy().astype(np.float32)
 
     def reset(self) -> None:
         try:

@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 from torch import Tensor, nn
 
-from adaptation.factor_estimator import EstimatorConfig, FactorEstimator, normalize_velocities
+from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
 from adaptation.odometry import OdometryTracker, PlanarOdometry
 from envs.errors import check_range
@@ -263,8 +263,7 @@ class StudentPolicy:
         self.model.eval()
         motion = None
         if self.tracker is not None:
-            velocities = self.tracker.update(obs["camera"].to(self.device))
-            motion = normalize_velocities(velocities) * self.tracker.measured[:, None]  # zeros where nothing before
+            motion = self.tracker.estimator_inputs(obs["camera"].to(self.device))
         outputs, heads, self.state = self.model.step(obs["camera"], obs["proprio"][:, :2], self.state, motion)
         self.model.train(was_training)
         self.last_outputs, self.last_heads = outputs, heads
