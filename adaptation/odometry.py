@@ -5,7 +5,9 @@ every pixel below the horizon sees a known point of the ground plane in the car 
 between two frames (forward and left displacement of the centre of gravity, yaw change) moves those points into the
 previous car frame, where the calibrated lens projects them into the previous image; the motion that makes the
 previous image, sampled there, match the current one is the estimate (direct alignment, Gauss-Newton with Huber
-weights). Two things make it converge from the last estimate: the yaw change is searched first on the pixels above
+weights; the Jacobian is the ground geometry's derivative in closed form, for either lens, times the bilinear image's
+slope, all in one `grid_sample` call per iteration: half the time of finite differences through the geometry, at the
+same accuracy). Two things make it converge from the last estimate: the yaw change is searched first on the pixels above
 the horizon (distant, so they move with the rotation only), and the translation is then refined on a lightly blurred
 and on the sharp image. Walls are not part of the model; the robust weights treat them as outliers.
 
@@ -129,16 +131,65 @@ class PlanarOdometry:
         grid = torch.stack([2.0 * u / o.width, 2.0 * v / o.height_px], -1)
         return grid, ok & (grid.abs() < 0.99).all(-1)
 
-    def _ground_in_previous(self, prev: Tensor, motion: Tensor) -> tuple[Tensor, Tensor]:
-        """The previous image sampled where the current ground pixels' points were: `(B, Pg)` values and mask."""
+    def _ground_projection(self, motion: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
+        """Where the current ground pixels' points were in the previous image under `motion` `(B, 3)`: the
+        `grid_sample` coordinates `(B, Pg, 2)`, a validity mask, the points rotated by the yaw change (lens-free car
+        axes, `(B, Pg)` each), and the pixel position's derivatives along the previous frame's forward and left axes
+        (du/dx, du/dy, dv/dx, dv/dy, in pixels per metre)."""
+        o = self.optics
         c, s = torch.cos(motion[:, 2:3]), torch.sin(motion[:, 2:3])
         gx, gy = self.ground[None, :, 0], self.ground[None, :, 1]
-        x = c * gx - s * gy + motion[:, 0:1] - self.optics.forward
-        y = s * gx + c * gy + motion[:, 1:2]
-        d = torch.stack([x, y, torch.full_like(x, -self.optics.height)], -1)
-        grid, ok = self.project(d)
+        xr, yr = c * gx - s * gy, s * gx + c * gy
+        x, y = xr + motion[:, 0:1] - o.forward, yr + motion[:, 1:2]  # from the lens, in the previous car frame
+        cp, sp, f = self._cos_p, self._sin_p, self._f
+        fwd = x * cp + o.height * sp  # along the optical axis (the point is `height` below the lens)
+        dn = o.height * cp - x * sp  # image down
+        right = -y
+        if o.lens == "pinhole":
+            inv = f / fwd.clamp(min=1e-6)
+            u, v = right * inv, dn * inv
+            jac = (
+                -u * cp / fwd.clamp(min=1e-6),
+                -inv,
+                -f * o.height / fwd.clamp(min=1e-6).square(),
+                torch.zeros_like(x),
+            )
+            ok = fwd > 1e-3
+        else:  # equidistant: radius f * theta, theta the angle from the axis
+            rho = torch.sqrt(right.square() + dn.square()).clamp(min=1e-9)
+            theta = torch.atan2(rho, fwd)
+            k = f * theta / rho
+            u, v = k * right, k * dn
+            q = rho.square() + fwd.square()
+            dk_drho = f * (fwd * rho / q - theta) / rho.square()
+            dk_dx = -f / q * cp - dk_drho * sp * dn / rho
+            dk_dy = -dk_drho * right / rho
+            jac = (dk_dx * right, dk_dy * right - k, dk_dx * dn - k * sp, dk_dy * dn)
+            ok = torch.ones_like(x, dtype=torch.bool)
+        grid = torch.stack([2.0 * u / o.width, 2.0 * v / o.height_px], -1)
+        return grid, ok & (grid.abs() < 0.99).all(-1), xr, yr, jac
+
+    def _ground_in_previous(self, prev: Tensor, motion: Tensor) -> tuple[Tensor, Tensor]:
+        """The previous image sampled where the current ground pixels' points were: `(B, Pg)` values and mask."""
+        grid, ok = self._ground_projection(motion)[:2]
         val = F.grid_sample(prev, grid[:, None], align_corners=False, padding_mode="border")[:, 0, 0]
         return val, ok
+
+    def _ground_with_jacobian(self, prev: Tensor, motion: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`_ground_in_previous` and its Jacobian `(B, Pg, 3)` with respect to the motion: the geometry's derivative
+        in closed form, chained with the bilinear image's slope (central differences 0.1 px apart, sampled in the
+        same `grid_sample` call)."""
+        o = self.optics
+        grid, ok, xr, yr, (du_dx, du_dy, dv_dx, dv_dy) = self._ground_projection(motion)
+        d = 0.1
+        su, sv = 2.0 * d / o.width, 2.0 * d / o.height_px
+        offsets = grid.new_tensor([[0.0, 0.0], [su, 0.0], [-su, 0.0], [0.0, sv], [0.0, -sv]])
+        smp = F.grid_sample(prev, grid[:, None] + offsets[None, :, None], align_corners=False, padding_mode="border")
+        smp = smp[:, 0]  # (B, 5, Pg)
+        iu, iv = (smp[:, 1] - smp[:, 2]) / (2 * d), (smp[:, 3] - smp[:, 4]) / (2 * d)
+        di_dx, di_dy = iu * du_dx + iv * dv_dx, iu * du_dy + iv * dv_dy
+        # d(x, y)/d(forward, left, yaw) = (1, 0), (0, 1), (-yr, xr)
+        return smp[:, 0], ok, torch.stack([di_dx, di_dy, di_dy * xr - di_dx * yr], -1)
 
     # ------------------------------------------------------------------------------------------------ stages
     def yaw_search(self, prev: Tensor, cur: Tensor, center: Tensor) -> Tensor:
@@ -162,19 +213,18 @@ class PlanarOdometry:
         return psi.gather(1, cost.argmin(1, keepdim=True))[:, 0]
 
     def refine(self, prev: Tensor, cur: Tensor, motion: Tensor) -> Tensor:
-        """Gauss-Newton on the ground pixels from `motion`, blurred stage by stage (Huber weights, finite-difference
-        Jacobian of 1 mm / 1 mrad)."""
-        eps = 1e-3
+        """Gauss-Newton on the ground pixels from `motion`, blurred stage by stage (Huber weights, the Jacobian in
+        closed form). `motion` may hold several starts per frame pair, start-major: `k * B` rows for `B` pairs."""
         eye = torch.eye(3, dtype=motion.dtype, device=motion.device)
+        starts = len(motion) // len(prev)
         for sigma in self.cfg.blur:
             pb, cb = gaussian_blur(prev, sigma), gaussian_blur(cur, sigma)
+            if starts > 1:
+                pb, cb = pb.repeat(starts, 1, 1, 1), cb.repeat(starts, 1, 1, 1)
             ref = cb.flatten(1)[:, self.ground_pix]
             for _ in range(self.cfg.iterations):
-                base, ok = self._ground_in_previous(pb, motion)
+                base, ok, jac = self._ground_with_jacobian(pb, motion)
                 r = base - ref
-                jac = torch.stack(
-                    [(self._ground_in_previous(pb, motion + eps * eye[i])[0] - base) / eps for i in range(3)], -1
-                )
                 okf = ok.float()
                 scale = 1.4826 * (r.abs() * okf).median(dim=1, keepdim=True).values  # masked pixels count as 0
                 k = (1.345 * scale).clamp(min=1.0)
@@ -204,9 +254,8 @@ class PlanarOdometry:
         inits[:, 0] += torch.tensor(self.cfg.forward_starts, dtype=init.dtype, device=init.device).repeat_interleave(b)
         if k == 1:
             return self.refine(prev, cur, inits)
-        prev_k, cur_k = prev.repeat(k, 1, 1, 1), cur.repeat(k, 1, 1, 1)
-        motions = self.refine(prev_k, cur_k, inits)
-        cost = self.alignment_cost(prev_k, cur_k, motions).reshape(k, b)
+        motions = self.refine(prev, cur, inits)
+        cost = self.alignment_cost(prev.repeat(k, 1, 1, 1), cur.repeat(k, 1, 1, 1), motions).reshape(k, b)
         return motions.reshape(k, b, 3)[cost.argmin(0), torch.arange(b)]
 
     @staticmethod

@@ -214,3 +214,27 @@ def test_probe_odometry_scores_both_trackers_against_the_camera_pose_change(tmp_
     configured = result["trackers"]["configured"]
     assert configured["speed"]["r2"] > 0.8 and configured["yaw_rate"]["r2"] > 0.95, configured
     assert configured["speed"]["abs_q50"] <= configured["speed"]["abs_q90"] <= configured["speed"]["abs_q99"]
+
+
+@pytest.mark.parametrize("lens", ["pinhole", "fisheye"])
+def test_closed_form_jacobian_matches_finite_differences(scene, lens):
+    """The refinement's Jacobian (the geometry's derivative in closed form times the image's slope) is the finite
+    difference of the sampled previous image along forward, left and yaw, on a lightly blurred rendered frame; a wrong
+    sign or a dropped term in either lens's derivative shows as a low correlation or a scale off 1."""
+    optics = CameraConfig(lens=lens)
+    odometry = PlanarOdometry(optics)
+    prev = gaussian_blur(render(ProjectiveCamera(scene, optics), centreline_poses([0.3, 2.0, 4.5])).float(), 1.0)
+    motion = torch.tensor([[0.12, 0.004, 0.05], [0.15, -0.006, 0.2], [0.08, 0.01, -0.1]])
+    val, ok, jac = odometry._ground_with_jacobian(prev, motion)
+    base, base_ok = odometry._ground_in_previous(prev, motion)
+    assert torch.equal(ok, base_ok) and torch.allclose(val, base, atol=1e-3)
+    eps = 1e-3
+    for i in range(3):
+        step = eps * torch.eye(3)[i]
+        fd = (
+            odometry._ground_in_previous(prev, motion + step)[0] - odometry._ground_in_previous(prev, motion - step)[0]
+        ) / (2 * eps)
+        a, b = jac[..., i][ok], fd[ok]
+        corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+        scale = float((a * b).sum() / (b * b).sum())
+        assert corr > 0.98 and abs(scale - 1.0) < 0.05, (lens, i, corr, scale)
