@@ -6,10 +6,12 @@ between two frames (forward and left displacement of the centre of gravity, yaw 
 previous car frame, where the calibrated lens projects them into the previous image; the motion that makes the
 previous image, sampled there, match the current one is the estimate (direct alignment, Gauss-Newton with Huber
 weights; the Jacobian is the ground geometry's derivative in closed form, for either lens, times the bilinear image's
-slope, all in one `grid_sample` call per iteration: half the time of finite differences through the geometry, at the
-same accuracy). Two things make it converge from the last estimate: the yaw change is searched first on the pixels above
-the horizon (distant, so they move with the rotation only), and the translation is then refined on a lightly blurred
-and on the sharp image. Walls are not part of the model; the robust weights treat them as outliers.
+slope, all in one `grid_sample` call per iteration: the two-start tracker took 20.5 ms per frame pair on 2 cores where
+finite differences through the geometry took 31.2, scoring R² 0.908 / 0.821 / 0.998 on speed / lateral speed / yaw
+rate against 0.921 / 0.811 / 0.997, `experiments.probe_odometry`). Two things make it converge from the last estimate:
+the yaw change is searched first on the pixels above the horizon (distant, so they move with the rotation only), and
+the translation is then refined on a lightly blurred and on the sharp image. Walls are not part of the model; the
+robust weights treat them as outliers.
 
 The blurred stage is biased toward a shorter forward motion (a blur in pixels is not the same blur on the ground at
 two distances), and the sharp stage alone cannot always climb back out of it: the refinement therefore starts from
