@@ -24,8 +24,8 @@ recorded episodes hold the encoder's estimates, not odometry, so it is fitted on
 cars with exact odometry, given the errors the default odometry makes on a pure-pursuit drive of the run's camera env
 (`--error-drive-envs` x `--error-drive-steps`; `experiments.probe_odometry.odometry_error_model`), 1 in 10 worlds held
 out. The saved student runs the odometry beside it wherever its estimates are scored (`StudentPolicy` given the env's
-camera) and on the car (the exported graph's `motion` input). On the default run: friction R² 0.60 online after 2 s,
-motor gain 0.92 (README).
+camera) and on the car (the exported graph's `motion` input). On the default run: friction R² 0.65 online after 2 s,
+motor gain 0.93 (README).
 
     python -m experiments.fit_estimator odometry --checkpoint runs/student/checkpoints/round_014.pt
 """
