@@ -65,7 +65,7 @@ def test_recovers_a_known_motion_between_two_rendered_frames(scene, lens):
     cost_est, cost_truth = (odometry.alignment_cost(before.float(), after.float(), m)[1] for m in (est, truth))
     assert cost_est <= cost_truth + 1e-3
     # A still car: zero motion, from a last estimate of zero.
-    still = PlanarOdometry(optics).step(before, before, torch.zeros(4, 3))
+    still = odometry.step(before, before, torch.zeros(4, 3))
     assert still.abs().max() < 1e-3
 
 
