@@ -44,6 +44,7 @@ from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, la
 from adaptation.observability import blind_factor, driving_env
 from adaptation.odometry import PlanarOdometry, pose_change
 from datasets.rollouts import read_shards
+from envs.racing.env import RacingEnv
 
 
 @dataclass
@@ -270,14 +271,21 @@ def simulated_inputs(
     seed: int = 0,
     blind: tuple[str, ...] = FACTORS,
     first_episode: int = 0,
+    camera: bool = False,
 ) -> EpisodeInputs:
     """Estimator inputs and true targets of `envs` cars driven `steps` control steps by `driver` (a teacher) in
     `env_cfg`'s world without a camera, blind to `blind` (the factors the student does not see), each car drawing a
-    new world per episode. The motion inputs are `errors` applied to the true body velocities, or with `errors` None
-    what exact planar odometry reads: the body velocities of the camera's pose change between consecutive frames
-    (`adaptation.odometry.PlanarOdometry` measures the same from the frames; zeros at an episode's first step). Episode
-    ids start at `first_episode`; rows are grouped by episode, in step order."""
-    env = driving_env(replace(env_cfg, seed=seed), envs)
+    new world per episode; with `camera`, `driver` is a student (`act` on the camera frames, `reset` on done) driving
+    the world with its camera, so the worlds hold the student's own driving. The motion inputs are `errors` applied to
+    the true body velocities, or with `errors` None what exact planar odometry reads: the body velocities of the
+    camera's pose change between consecutive frames (`adaptation.odometry.PlanarOdometry` measures the same from the
+    frames; zeros at an episode's first step). Episode ids start at `first_episode`; rows are grouped by episode, in
+    step order."""
+    if camera:
+        env = RacingEnv(replace(env_cfg, num_envs=envs, seed=seed, compile=False))
+        driver.reset(torch.ones(envs, dtype=torch.bool))
+    else:
+        env = driving_env(replace(env_cfg, seed=seed), envs)
     obs = env.get_observations()
     episode = torch.arange(envs) + first_episode
     next_episode = first_episode + envs
@@ -289,9 +297,11 @@ def simulated_inputs(
         episodes.append(episode.clone())
         poses.append(env.camera_pose().clone())
         seen = obs
-        for name in blind:
+        for name in () if camera else blind:
             seen = blind_factor(seen, name)
         obs, _, dones, _ = env.step(driver.act(seen))
+        if camera:
+            driver.reset(dones)
         done = dones.bool().cpu()
         episode[done] = torch.arange(next_episode, next_episode + int(done.sum()))
         next_episode += int(done.sum())

@@ -43,6 +43,7 @@ import torch
 from rich.console import Console
 
 from adaptation.estimator_fit import (
+    EPISODE_FIELDS,
     EpisodeInputs,
     episode_inputs,
     estimate_sources,
@@ -97,6 +98,9 @@ class FitEstimatorConfig:
     """driving per simulated car (s); each car starts a new world whenever its episode ends"""
     teacher: str = ""
     """driver of the simulated worlds (default: the run's teacher, as the checkpoint names it)"""
+    sim_driver: Literal["teacher", "student", "both"] = "teacher"
+    """odometry estimators: who drives the simulated worlds: the teacher (without a camera, blind to the factors), the
+    student itself through its camera (the driving the estimator will read online), or half the cars each"""
     bf16: Literal["auto", "on", "off"] = "auto"
     """bfloat16 autocast for the student's pass over the recorded episodes (auto: on CPUs with native bf16, as
     DAgger trains)"""
@@ -119,14 +123,30 @@ class FitEstimatorConfig:
                 "--estimator.motion odometry trains on simulated worlds only (the recorded episodes hold the history "
                 "encoder's motion estimates, not odometry): give --sim-envs N"
             )
+        if self.sim_driver != "teacher" and self.estimator.motion != "odometry":
+            raise ConfigError(
+                f"--sim-driver {self.sim_driver}: only an estimator that reads odometry (--estimator.motion odometry) "
+                "has the student drive its simulated worlds"
+            )
 
 
-def odometry_worlds(driver, env_cfg, cfg: FitEstimatorConfig, checkpoint: str, extra: dict) -> EpisodeInputs:
-    """Simulated worlds for an estimator that reads odometry: `cfg.sim_envs` cars driven by `driver` (blind to the
-    factors) with exact odometry, given the errors the default odometry makes on a pure-pursuit drive of the run's
-    camera env (`experiments.probe_odometry.odometry_error_model`); the errors' summary goes into `extra`."""
+def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, checkpoint: str, extra: dict) -> EpisodeInputs:
+    """Simulated worlds for an estimator that reads odometry: `cfg.sim_envs` cars driven by the `teacher` (blind to
+    the factors), the `student` (through its camera) or half each (`cfg.sim_driver`) with exact odometry, given the
+    errors the default odometry makes on a pure-pursuit drive of the run's camera env
+    (`experiments.probe_odometry.odometry_error_model`); the errors' summary goes into `extra`."""
     steps = max(1, int(round(cfg.sim_seconds * env_cfg.control_hz)))
-    exact = simulated_inputs(driver, env_cfg, None, cfg.sim_envs, steps, seed=cfg.seed + 1)
+    by_student = {"teacher": 0, "student": cfg.sim_envs, "both": cfg.sim_envs // 2}[cfg.sim_driver]
+    parts = []
+    if cfg.sim_envs - by_student > 0:
+        parts.append(simulated_inputs(teacher, env_cfg, None, cfg.sim_envs - by_student, steps, seed=cfg.seed + 1))
+    if by_student > 0:
+        first = int(parts[0].episode.max()) + 1 if parts else 0
+        parts.append(
+            simulated_inputs(student, env_cfg, None, by_student, steps, seed=cfg.seed + 3, first_episode=first,
+                             camera=True)
+        )  # fmt: skip
+    exact = EpisodeInputs(*(torch.cat([getattr(p, k) for p in parts]) for k in EPISODE_FIELDS))
     errors, extra["odometry_errors"] = odometry_error_model(
         checkpoint, OdometryConfig(), cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
     )
@@ -168,7 +188,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
         )
     t0 = time.time()
     driver = None
-    if cfg.sim_envs > 0:
+    if cfg.sim_envs > 0 and not (odometry and cfg.sim_driver == "student"):
         teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
         if not teacher_path:
             raise ConfigError(f"{ckpt} names no teacher; give --teacher to drive the simulated worlds")
@@ -176,7 +196,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     dt = student.env_cfg.dt_physics
     extra: dict = {}
     if odometry:
-        data = odometry_worlds(driver, student.env_cfg, cfg, str(ckpt), extra)
+        data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, str(ckpt), extra)
         t1 = time.time()
         stats = fit_estimator(model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed)
     else:
@@ -203,7 +223,8 @@ def main(cfg: FitEstimatorConfig) -> dict:
             "normalized): gain " + ", ".join(f"{k} {v:.2f}" for k, v in e["gain"].items())
             + "; residual std " + ", ".join(f"{k} {v:.3f}" for k, v in e["residual_std"].items())
         )  # fmt: skip
-        kind = " simulated (1 in 10 held out; odometry with its errors)"
+        drivers = {"teacher": "the teacher", "student": "the student", "both": "the teacher and the student"}
+        kind = f" simulated (driven by {drivers[cfg.sim_driver]}; 1 in 10 held out; odometry with its errors)"
     else:
         kind = "" if "simulated_episodes" not in stats else f" + {int(stats['simulated_episodes'])} simulated"
     console.print(

@@ -305,6 +305,39 @@ def test_simulated_worlds_give_contiguous_episodes_blind_driving_and_the_student
     assert torch.equal(again.targets, sim.targets)
 
 
+class CameraDriver(ConstantDriver):
+    """A student's interface: acts on the camera frames (straight ahead at full throttle), records its resets."""
+
+    def __init__(self, n_actions):
+        super().__init__(n_actions)
+        self.resets = []
+
+    def act(self, obs):
+        self.seen.append(obs["camera"][:, 0, 60:].float().mean((1, 2)))  # the lower half: the track ahead
+        return torch.full((obs.batch_size[0], 1), self.n_actions - 1, dtype=torch.long)
+
+    def reset(self, dones):
+        self.resets.append(dones.bool().clone())
+
+
+def test_simulated_worlds_driven_through_the_camera_reset_the_driver_where_each_episode_ends():
+    from dataclasses import replace
+
+    from envs.racing.env import RacingEnv
+
+    env_cfg = EnvConfig(num_envs=3, camera="projective", compile=False)
+    driver = CameraDriver(RacingEnv(replace(env_cfg, camera="none")).action_space.num_actions)
+    sim = simulated_inputs(driver, env_cfg, None, envs=3, steps=45, seed=3, first_episode=7, camera=True)
+    assert sim.inputs.shape == (135, 5) and int(sim.episode.min()) == 7
+    assert len(driver.seen) == 45 and float(torch.stack(driver.seen).std()) > 1.0  # real frames, changing
+    assert len(driver.resets) == 46 and bool(driver.resets[0].all())  # all cleared before the first frame
+    ends = torch.stack(driver.resets[1:], 1)  # (envs, steps): the episode that ended at each step
+    per_car = sim.episode.view(3, 45)
+    assert torch.equal(ends[:, :-1], per_car[:, 1:] != per_car[:, :-1]) and bool(ends.any())  # full throttle crashes
+    speed = sim.targets[:, TARGET_COLUMNS.index("speed")]
+    assert float(speed.max()) > 1.0
+
+
 def test_simulated_worlds_with_exact_odometry_read_the_cameras_pose_change():
     from dataclasses import replace
 

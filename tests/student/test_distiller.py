@@ -205,10 +205,12 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--steps", "10",
          "--batch", "8", "--sim-envs", "6", "--sim-seconds", "3", "--estimator.dilations", "1", "2",
-         "--error-drive-envs", "2", "--error-drive-steps", "6", "--out", str(tmp_path / "odometry.pt")],
+         "--error-drive-envs", "2", "--error-drive-steps", "6", "--sim-driver", "both", "--out",
+         str(tmp_path / "odometry.pt")],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and "odometry errors on 2 drive episodes (12 frames" in proc.stdout, proc.stderr[-3000:]
+    assert "driven by the teacher and the student" in proc.stdout
     fitted = load_student(tmp_path / "odometry.pt").model
     assert fitted.estimator.reads_odometry and fitted.cfg.estimator.dilations == (1, 2)
     after = fitted.state_dict()
@@ -219,6 +221,12 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
         cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "--sim-envs N" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--sim-driver",
+         "student"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--sim-driver student" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--data-dir",
          str(tmp_path / "nowhere")],
