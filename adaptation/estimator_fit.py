@@ -23,7 +23,9 @@ where the truth is known (a drive of the camera env, the camera's pose change be
 default run's recorded episodes through their measured odometry with friction R² 0.52 and motor gain 0.90, where one
 trained on exact odometry scored -0.03 and 0.77 (`experiments.probe_motion --sim-motion noisy_odometry`). Run online
 beside the student (`experiments.fit_estimator odometry`, then `experiments.evaluate`) it scored friction 0.54 and motor
-gain 0.93 after 2 s.
+gain 0.93 after 2 s. For such an estimator `simulated_inputs(..., camera=True)` lets the student drive the worlds
+through its camera, so the estimator learns from the driving it reads online, not the teacher's: friction R² online
+after 2 s 0.79 against 0.74 (README).
 """
 
 from __future__ import annotations

@@ -23,10 +23,13 @@ odometry of its frames instead (`adaptation.odometry`: command-free, so slip and
 recorded episodes hold the encoder's estimates, not odometry, so it is fitted on simulated worlds alone: `--sim-envs`
 cars with exact odometry, given the errors the default odometry makes on a pure-pursuit drive of the run's camera env
 (`--error-drive-envs` x `--error-drive-steps`; `experiments.probe_odometry.odometry_error_model`), 1 in 10 worlds held
-out. The saved student runs the odometry beside it wherever its estimates are scored (`StudentPolicy` given the env's
-camera) and on the car (the exported graph's `motion` input). The preset's estimator is 64 channels wide (32 for
-`default`): the odometry-fed fit underfits at 32 (held-out friction R² after 2 s 0.68 against 0.78 at 64, on the
-same worlds). On the default run: friction R² 0.74 online after 2 s, motor gain 0.95 (README).
+out. In the preset the student itself drives those worlds through its camera (`--sim-driver student`; `teacher`: the
+teacher without a camera, blind to the factors; `both`: half the cars each), so the estimator learns from the driving
+it will read online. The saved student runs the odometry beside it wherever its estimates are scored (`StudentPolicy`
+given the env's camera) and on the car (the exported graph's `motion` input). The preset's estimator is 64 channels
+wide (32 for `default`): the odometry-fed fit underfits at 32 (held-out friction R² after 2 s 0.68 against 0.78 at
+64, on the same teacher-driven worlds). On the default run: friction R² 0.79 online after 2 s (0.74 with the teacher
+driving the worlds), motor gain 0.96 (README).
 
     python -m experiments.fit_estimator odometry --checkpoint runs/student/checkpoints/round_014.pt
 """
@@ -244,12 +247,13 @@ def main(cfg: FitEstimatorConfig) -> dict:
 PRESETS = {
     "default": ("fit the factor estimator on the run's recorded episodes", FitEstimatorConfig()),
     "odometry": (
-        "a new 64-channel estimator over 63 steps of planar odometry, fitted on 2,048 cars' simulated worlds with its "
-        "errors",
+        "a new 64-channel estimator over 63 steps of planar odometry, fitted on 2,048 simulated worlds that the "
+        "student drives, with the odometry's errors",
         FitEstimatorConfig(
             estimator=EstimatorConfig(motion="odometry", dilations=(1, 2, 4, 8, 16), channels=64),
             new=True,
             sim_envs=2048,
+            sim_driver="student",
             steps=12000,
             batch=128,
         ),
