@@ -215,24 +215,17 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert fitted.estimator.reads_odometry and fitted.cfg.estimator.dilations == (1, 2)
     after = fitted.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--sim-envs",
-         "0"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "--sim-envs N" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--sim-driver",
-         "student"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "--sim-driver student" in proc.stderr and "Traceback" not in proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.fit_estimator", "default", "--checkpoint", str(student), "--data-dir",
-         str(tmp_path / "nowhere")],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "manifest.json (the run" in proc.stderr and "Traceback" not in proc.stderr
+    refusals = [  # bad flags: exit 2, the flag named, no traceback
+        (["odometry", "--sim-envs", "0"], "--sim-envs N"),
+        (["default", "--sim-driver", "student"], "--sim-driver student"),
+        (["default", "--data-dir", str(tmp_path / "nowhere")], "manifest.json (the run"),
+    ]
+    for args, message in refusals:
+        proc = subprocess.run(
+            [sys.executable, "-m", "experiments.fit_estimator", *args, "--checkpoint", str(student)],
+            cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
 
 
 def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teacher_path, tmp_path, monkeypatch):
