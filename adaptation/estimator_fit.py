@@ -58,6 +58,11 @@ class EpisodeInputs:
     episode: Tensor  # (M,) episode id
     step: Tensor  # (M,) step within the episode
 
+    @staticmethod
+    def cat(parts: list[EpisodeInputs]) -> EpisodeInputs:
+        """The rows of `parts` one after another (their episode ids must differ)."""
+        return EpisodeInputs(*(torch.cat([getattr(p, k) for p in parts]) for k in EPISODE_FIELDS))
+
     def with_motion(self, motion: Tensor) -> EpisodeInputs:
         """The same rows with `motion` `(M, 3)` (normalized) as the motion inputs."""
         return EpisodeInputs(torch.cat([self.inputs[:, :2], motion], -1), self.targets, self.episode, self.step)
@@ -414,7 +419,7 @@ def fit_estimator(
     if simulated is not None:
         if bool(torch.isin(simulated.episode, data.episode).any()):
             raise ValueError("simulated episode ids overlap the recorded ones")
-        data = EpisodeInputs(*(torch.cat([getattr(data, k), getattr(simulated, k)]) for k in EPISODE_FIELDS))
+        data = EpisodeInputs.cat([data, simulated])
         train_rows = torch.cat([train_rows, torch.arange(len(recorded.episode), len(data.episode))])
     if len(train_rows) == 0:
         raise ValueError("no episodes left to fit the factor estimator on")

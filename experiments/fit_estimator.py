@@ -46,7 +46,6 @@ import torch
 from rich.console import Console
 
 from adaptation.estimator_fit import (
-    EPISODE_FIELDS,
     EpisodeInputs,
     episode_inputs,
     estimate_sources,
@@ -149,7 +148,7 @@ def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, checkpoi
             simulated_inputs(student, env_cfg, None, by_student, steps, seed=cfg.seed + 3, first_episode=first,
                              camera=True)
         )  # fmt: skip
-    exact = EpisodeInputs(*(torch.cat([getattr(p, k) for p in parts]) for k in EPISODE_FIELDS))
+    exact = EpisodeInputs.cat(parts)
     errors, extra["odometry_errors"] = odometry_error_model(
         checkpoint, OdometryConfig(), cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
     )
