@@ -1,21 +1,21 @@
 """Fit a student's factor estimator on a run's recorded episodes.
 
-During DAgger the estimator trains on the same few windows per gradient step as the policy, far less than it needs:
-its inputs are five numbers per step, so once the history encoder is trained, the estimator can be fitted to every
-recorded episode at little cost. `episode_inputs` runs the (frozen) student over each recorded episode from its
-start, exactly as it runs on the car, and keeps the estimator's inputs and the true factors; `fit_estimator` trains
-the estimator alone on random windows of them, holding out every `holdout_every`-th episode to report what it does
-on episodes it never saw.
+During DAgger the estimator trains on the same few windows per gradient step as the policy, far less than it needs: its
+inputs are five numbers per step, so once the history encoder is trained, the estimator can be fitted to every recorded
+episode at little cost. `episode_inputs` runs the (frozen) student over each recorded episode from its start, exactly as
+it runs on the car, and keeps the estimator's inputs and the true factors; `fit_estimator` trains the estimator alone on
+random windows of them, holding out every `holdout_every`-th episode to report what it does on episodes it never saw.
 
 A run records a few hundred episodes, one world (one friction, one motor gain) each: too few labels for the slow
-factors, which an estimator then learns per episode and not from the car's response. `simulated_inputs` adds as many
-worlds as wanted at little cost: the teacher drives the training world without a camera, blind to the factors the
-student cannot see, and the estimator's motion inputs are the true body velocities passed through the student's own
-errors (`MotionErrors`, measured on its replay: the linear map from truth and recent commands to estimate, plus whole
-residual sequences of recorded episodes, so the errors keep their correlation in time and across the three
-velocities). Measured on a default-teacher student, these worlds make the fit worse on its held-out recorded episodes
-(the real errors depend on the world and the driving in ways the model does not carry), so they are off by default;
-`estimate_sources` shows why the slow factors stay hidden: the motion estimates follow the commands more than the car.
+factors, which an estimator then learns per episode and not from the car's response.
+`adaptation.simulated_worlds.simulated_inputs` adds as many worlds as wanted at little cost: the teacher drives the
+training world without a camera, blind to the factors the student cannot see, and the estimator's motion inputs are the
+true body velocities passed through the student's own errors (`MotionErrors`, measured on its replay: the linear map
+from truth and recent commands to estimate, plus whole residual sequences of recorded episodes, so the errors keep their
+correlation in time and across the three velocities). Measured on a default-teacher student, these worlds make the fit
+worse on its held-out recorded episodes (the real errors depend on the world and the driving in ways the model does not
+carry), so they are off by default; `estimate_sources` shows why the slow factors stay hidden: the motion estimates
+follow the commands more than the car.
 
 Planar odometry's errors are another matter: they do not depend on the commands, and `odometry_errors` measures them
 where the truth is known (a drive of the camera env, the camera's pose change beside the tracked one).
@@ -23,16 +23,16 @@ where the truth is known (a drive of the camera env, the camera's pose change be
 default run's recorded episodes through their measured odometry with friction R² 0.52 and motor gain 0.90, where one
 trained on exact odometry scored -0.03 and 0.77 (`experiments.probe_motion --sim-motion noisy_odometry`). Run online
 beside the student (`experiments.fit_estimator odometry`, then `experiments.evaluate`) it scored friction 0.54 and motor
-gain 0.93 after 2 s. For such an estimator `simulated_inputs(..., camera=True)` lets the student drive the worlds
-through its camera, so the estimator learns from the driving it reads online, not the teacher's: friction R² online
-after 2 s 0.79 against 0.74 (README).
+gain 0.93 after 2 s. For such an estimator `adaptation.simulated_worlds.simulated_inputs(..., camera=True)` lets the
+student drive the worlds through its camera, so the estimator learns from the driving it reads online, not the
+teacher's: friction R² online after 2 s 0.79 against 0.74 (README).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from adaptation.evaluation import estimate_targets
 from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator, normalize_velocities
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
-from adaptation.observability import blind_factor, driving_env
-from adaptation.odometry import PlanarOdometry, pose_change
 from datasets.rollouts import read_shards
-from envs.racing.env import RacingEnv
 
 
 @dataclass
@@ -266,77 +262,6 @@ def estimate_sources(data: EpisodeInputs, after_steps: int = 30, lags: int = COM
         r2 = 1.0 - res.var(0) / y.var(0).clamp(min=1e-12)
         out.update({f"{part}/{name}": float(v) for name, v in zip(MOTION, r2, strict=True)})
     return out
-
-
-@torch.no_grad()
-def simulated_inputs(
-    driver,
-    env_cfg,
-    errors: MotionErrors | None,
-    envs: int = 1024,
-    steps: int = 300,
-    seed: int = 0,
-    blind: tuple[str, ...] = FACTORS,
-    first_episode: int = 0,
-    camera: bool = False,
-) -> EpisodeInputs:
-    """Estimator inputs and true targets of `envs` cars driven `steps` control steps by `driver` (a teacher) in
-    `env_cfg`'s world without a camera, blind to `blind` (the factors the student does not see), each car drawing a
-    new world per episode; with `camera`, `driver` is a student (`act` on the camera frames, `reset` on done) driving
-    the world with its camera, so the worlds hold the student's own driving. The motion inputs are `errors` applied to
-    the true body velocities, or with `errors` None what exact planar odometry reads: the body velocities of the
-    camera's pose change between consecutive frames (`adaptation.odometry.PlanarOdometry` measures the same from the
-    frames; zeros at an episode's first step). Episode ids start at `first_episode`; rows are grouped by episode, in
-    step order."""
-    if camera:
-        env = RacingEnv(replace(env_cfg, num_envs=envs, seed=seed, compile=False))
-        driver.reset(torch.ones(envs, dtype=torch.bool))
-    else:
-        env = driving_env(replace(env_cfg, seed=seed), envs)
-    obs = env.get_observations()
-    episode = torch.arange(envs) + first_episode
-    next_episode = first_episode + envs
-    prev, targets, steps_since, episodes, poses = [], [], [], [], []
-    for _ in range(steps):
-        prev.append(obs["proprio"][:, :2].clone())
-        targets.append(estimate_targets(env))
-        steps_since.append(env.episode_length_buf.clone())
-        episodes.append(episode.clone())
-        poses.append(env.camera_pose().clone())
-        seen = obs
-        for name in () if camera else blind:
-            seen = blind_factor(seen, name)
-        obs, _, dones, _ = env.step(driver.act(seen))
-        if camera:
-            driver.reset(dones)
-        done = dones.bool().cpu()
-        episode[done] = torch.arange(next_episode, next_episode + int(done.sum()))
-        next_episode += int(done.sum())
-    stack = lambda xs: torch.stack(xs, 1).cpu()  # noqa: E731  (envs, steps, ...): env-major, each episode contiguous
-    prev_t, targets_t, step_t, episode_t = (stack(x).flatten(0, 1) for x in (prev, targets, steps_since, episodes))
-    targets_t = targets_t.float()
-    if errors is None:
-        pose = stack(poses)
-        velocity = PlanarOdometry.body_velocity(pose_change(pose[:, :-1], pose[:, 1:]), env_cfg.dt)
-        velocity = torch.cat([torch.zeros_like(velocity[:, :1]), velocity], 1).flatten(0, 1)
-        motion = normalize_velocities(velocity * (step_t > 0).float()[:, None])
-    else:
-        motion = errors.predict(normalized_motion(targets_t), prev_t, step_t)
-        gen = torch.Generator().manual_seed(seed)
-        for a, b in episode_spans(episode_t):
-            motion[a:b] += errors.sample(b - a, gen)
-    return EpisodeInputs(torch.cat([prev_t.float(), motion], -1), targets_t, episode_t, step_t)
-
-
-def simulated_worlds(driver, env_cfg, data: EpisodeInputs, envs: int, seconds: float, seed: int = 0):
-    """`simulated_inputs` for a run: `envs` cars driving `seconds` each, with the motion errors the student shows on
-    its recorded episodes `data`, their episode ids after the recorded ones. None when `envs` is 0."""
-    if envs <= 0:
-        return None
-    return simulated_inputs(
-        driver, env_cfg, motion_errors(data), envs=envs, steps=max(1, int(round(seconds * env_cfg.control_hz))),
-        seed=seed, first_episode=int(data.episode.max()) + 1,
-    )  # fmt: skip
 
 
 def _windows(data: EpisodeInputs, ends: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -14,7 +14,7 @@ as well as the truth carries little of how the car actually responds).
 
 `--sim-envs N` adds N cars driven by the run's teacher (blind to friction and motor gain) in the student's world
 without a camera, each car a new world per episode, their motion inputs passed through the student's own estimate
-errors measured on the recorded episodes (`adaptation.estimator_fit.simulated_inputs`): labels for thousands of
+errors measured on the recorded episodes (`adaptation.simulated_worlds.simulated_inputs`): labels for thousands of
 worlds instead of the run's few hundred. The held-out scores stay on recorded episodes the fit never saw; on a
 default-teacher student they came out worse than without (README), so it is off by default.
 
@@ -50,12 +50,11 @@ from adaptation.estimator_fit import (
     episode_inputs,
     estimate_sources,
     fit_estimator,
-    simulated_inputs,
-    simulated_worlds,
     with_odometry_errors,
 )
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.odometry import OdometryConfig
+from adaptation.simulated_worlds import simulated_inputs, simulated_worlds
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import to_yaml
 from envs.errors import ConfigError, check_range

@@ -45,13 +45,13 @@ from adaptation.estimator_fit import (
     normalize_velocities,
     normalized_motion,
     score,
-    simulated_inputs,
     with_odometry_errors,
 )
 from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
 from adaptation.motion_branch import RecordedFrames, cross_fit_motion, load_frames
 from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
+from adaptation.simulated_worlds import simulated_inputs
 from datasets.checkpoints import load_checkpoint, save_atomic
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range

@@ -76,7 +76,7 @@ class DaggerConfig:
     estimator_sim_envs: int = 0
     """cars driving simulated worlds for that fit besides the recorded episodes: the teacher, blind to friction and
     motor gain, drives the collection world without a camera, and the motion inputs are the true body velocities
-    passed through the student's own estimate errors (`adaptation.estimator_fit.simulated_inputs`); 0 = recorded
+    passed through the student's own estimate errors (`adaptation.simulated_worlds.simulated_inputs`); 0 = recorded
     episodes only (measured: the simulated worlds made the held-out scores worse, README)"""
     estimator_sim_seconds: float = 20.0
     """driving per simulated car (s); a car starts a new world whenever its episode ends"""

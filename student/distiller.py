@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from adaptation.estimator_fit import episode_inputs, fit_estimator, simulated_worlds
+from adaptation.estimator_fit import episode_inputs, fit_estimator
 from adaptation.evaluation import estimate_targets
+from adaptation.simulated_worlds import simulated_worlds
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import (
     SCHEMA_VERSION,

@@ -3,9 +3,10 @@ read."""
 
 import torch
 
-from adaptation.estimator_fit import MotionErrors, episode_spans, simulated_inputs
+from adaptation.estimator_fit import MotionErrors, episode_spans
 from adaptation.factor_estimator import MOTION as MOTION_NAMES
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
+from adaptation.simulated_worlds import simulated_inputs
 from envs.racing.config import EnvConfig
 
 
