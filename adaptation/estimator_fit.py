@@ -31,7 +31,7 @@ teacher's: friction R² online after 2 s 0.79 against 0.74 (README).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -331,6 +331,8 @@ def fit_estimator(
     seed: int = 0,
     simulated: EpisodeInputs | None = None,
     after_steps: int = 30,
+    progress: Callable[[int, float], None] | None = None,
+    progress_every: int = 1000,
 ) -> dict[str, float]:
     """Train `estimator` (only) on random windows of the recorded episodes, and of `simulated` ones (every one of
     them trains; episode ids distinct from the recorded ones); every `holdout_every`-th recorded episode is held out.
@@ -355,7 +357,8 @@ def fit_estimator(
     was_training = estimator.training
     estimator.train()
     pos = torch.arange(window)[None, :]
-    for _ in range(steps):
+    running, since = 0.0, 0
+    for i in range(steps):
         ends = train_rows[torch.randint(0, len(train_rows), (batch,), generator=gen)]
         x, targets, mask = _windows(data, ends, window)
         # a position carries a loss once its receptive field lies inside the window, or from its episode start on
@@ -365,6 +368,10 @@ def fit_estimator(
         loss.backward()
         opt.step()
         sched.step()
+        running, since = running + float(loss.detach()), since + 1
+        if progress is not None and ((i + 1) % progress_every == 0 or i + 1 == steps):
+            progress(i + 1, running / since)
+            running, since = 0.0, 0
     estimator.train(was_training)
     recorded_train = torch.nonzero(~held)[:, 0]
     out = {f"train/{k}": v for k, v in score(estimator, recorded, recorded_train, dt_physics).items()}

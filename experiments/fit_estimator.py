@@ -154,6 +154,21 @@ def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, checkpoi
     return with_odometry_errors(exact, errors, seed=cfg.seed + 2)
 
 
+def fit_progress(console: Console, steps: int):
+    """A `fit_estimator` progress callback that prints the step, the mean loss and the time left (a long fit would
+    otherwise run silent for most of an hour)."""
+    start = time.time()
+
+    def report(step: int, loss: float) -> None:
+        spent = time.time() - start
+        console.print(
+            f"fit step {step:,}/{steps:,}: loss {loss:.4f}, {spent:.0f} s, "
+            f"about {spent * (steps - step) / step:.0f} s left"
+        )
+
+    return report
+
+
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
     """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
     when it holds no manifest (and without a checkpoint: every script reading a run's episodes needs the student)."""
@@ -199,14 +214,18 @@ def main(cfg: FitEstimatorConfig) -> dict:
     if odometry:
         data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, str(ckpt), extra)
         t1 = time.time()
-        stats = fit_estimator(model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed)
+        stats = fit_estimator(
+            model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
+            progress=fit_progress(console, cfg.steps),
+        )  # fmt: skip
     else:
         data = episode_inputs(model, data_dir, bf16=bf16_enabled(cfg.bf16))
         simulated = simulated_worlds(driver, student.env_cfg, data, cfg.sim_envs, cfg.sim_seconds, seed=cfg.seed + 1)
         t1 = time.time()
         stats = fit_estimator(
-            model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed, simulated=simulated
-        )
+            model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed, simulated=simulated,
+            progress=fit_progress(console, cfg.steps),
+        )  # fmt: skip
         stats.update({f"sources/{k}": v for k, v in estimate_sources(data).items()})
     t2 = time.time()
     saved = load_checkpoint(ckpt, kind=STUDENT_KIND)

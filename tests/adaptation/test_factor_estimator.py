@@ -178,7 +178,13 @@ def test_fit_estimator_learns_the_latency_on_held_out_episodes_and_trains_nothin
     data = synthetic_episodes()
     est = FactorEstimator(EstimatorConfig(), act_latency_classes=4, cam_latency_classes=2)
     before = score(est, data, torch.arange(len(data.episode)), 1 / 60)
-    stats = fit_estimator(est, data, 1 / 60, steps=1000, batch=32, window=24, learning_rate=3e-3)
+    reports = []
+    stats = fit_estimator(
+        est, data, 1 / 60, steps=1000, batch=32, window=24, learning_rate=3e-3,
+        progress=lambda step, loss: reports.append((step, loss)), progress_every=300,
+    )  # fmt: skip
+    assert [s for s, _ in reports] == [300, 600, 900, 1000], "every 300 steps and after the last"
+    assert reports[-1][1] < 0.5 * reports[0][1], f"the reported mean loss falls as the fit learns: {reports}"
     assert before["action_latency_r2"] < 0.2
     assert stats["heldout/action_latency_r2"] > 0.8 and stats["train/action_latency_r2"] > 0.8
     assert stats["episodes"] == 240.0
