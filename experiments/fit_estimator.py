@@ -32,10 +32,15 @@ wide (32 for `default`): the odometry-fed fit underfits at 32 (held-out friction
 driving the worlds), motor gain 0.96 (README).
 
     python -m experiments.fit_estimator odometry --checkpoint runs/student/checkpoints/round_014.pt
+
+The simulated worlds' inputs take about half of that fit's time (the student drives 2,048 cars through its camera);
+`--inputs F` keeps them in F and reads them back on the next fit of the same worlds, so variants of the fit (another
+`--estimator.*`, `--steps`) share one drive.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -46,6 +51,7 @@ import torch
 from rich.console import Console
 
 from adaptation.estimator_fit import (
+    EPISODE_FIELDS,
     EpisodeInputs,
     episode_inputs,
     estimate_sources,
@@ -111,6 +117,10 @@ class FitEstimatorConfig:
     """odometry estimators: pure-pursuit cars on the run's camera env whose odometry errors the simulated worlds get"""
     error_drive_steps: int = 160
     """frames per car of that drive"""
+    inputs: str = ""
+    """odometry estimators: a file for the simulated worlds' inputs: read when it holds the same worlds (same policy,
+    teacher, `--sim-*`, `--seed`, `--error-drive-*`; any other is refused), else generated and written there
+    atomically, so variants of the fit share one drive"""
 
     def __post_init__(self) -> None:
         check_range("steps", self.steps, 1, 10_000_000)
@@ -124,6 +134,8 @@ class FitEstimatorConfig:
                 "--estimator.motion odometry trains on simulated worlds only (the recorded episodes hold the history "
                 "encoder's motion estimates, not odometry): give --sim-envs N"
             )
+        if self.inputs and self.estimator.motion != "odometry":
+            raise ConfigError("--inputs: only an estimator that reads odometry is fitted on simulated worlds alone")
         if self.sim_driver != "teacher" and self.estimator.motion != "odometry":
             raise ConfigError(
                 f"--sim-driver {self.sim_driver}: only an estimator that reads odometry (--estimator.motion odometry) "
@@ -169,6 +181,36 @@ def fit_progress(console: Console, steps: int):
     return report
 
 
+INPUTS_KIND = "fit_estimator_inputs"
+
+
+def worlds_key(student, teacher_path: str, cfg: FitEstimatorConfig) -> dict:
+    """What an odometry fit's simulated worlds depend on: the student's policy weights (not its estimator, which feeds
+    nothing back), the teacher when it drives, and the flags that shape the worlds."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(student.model.state_dict().items()):
+        if not name.startswith("estimator."):
+            digest.update(name.encode())
+            digest.update(tensor.detach().float().contiguous().numpy().tobytes())
+    return {
+        "policy": digest.hexdigest(),
+        "teacher": teacher_path if cfg.sim_driver != "student" else "",
+        **{k: getattr(cfg, k) for k in ("sim_envs", "sim_seconds", "sim_driver", "seed", "error_drive_envs",
+                                        "error_drive_steps")},
+    }  # fmt: skip
+
+
+def cached_worlds(path: Path, key: dict) -> tuple[EpisodeInputs, dict] | None:
+    """The inputs saved at `path` (None when there is no file); refused by name when made for other worlds."""
+    if not path.is_file():
+        return None
+    saved = load_checkpoint(path, kind=INPUTS_KIND, required=("key", "data", "odometry_errors"))
+    differ = [f"{k} {saved['key'].get(k)!r} (now {v!r})" for k, v in key.items() if saved["key"].get(k) != v]
+    if differ:
+        raise ConfigError(f"--inputs {path}: made for other simulated worlds: {', '.join(differ)}; give another file")
+    return EpisodeInputs(*(saved["data"][k] for k in EPISODE_FIELDS)), saved["odometry_errors"]
+
+
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
     """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
     when it holds no manifest (and without a checkpoint: every script reading a run's episodes needs the student)."""
@@ -203,7 +245,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
             cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes
         )
     t0 = time.time()
-    driver = None
+    driver, teacher_path = None, ""
     if cfg.sim_envs > 0 and not (odometry and cfg.sim_driver == "student"):
         teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
         if not teacher_path:
@@ -212,7 +254,17 @@ def main(cfg: FitEstimatorConfig) -> dict:
     dt = student.env_cfg.dt_physics
     extra: dict = {}
     if odometry:
-        data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, str(ckpt), extra)
+        key = worlds_key(student, teacher_path, cfg)
+        cached = cached_worlds(Path(cfg.inputs), key) if cfg.inputs else None
+        if cached is not None:
+            data, extra["odometry_errors"] = cached
+            console.print(f"simulated worlds' inputs read from {cfg.inputs}")
+        else:
+            data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, str(ckpt), extra)
+            if cfg.inputs:
+                fields = {k: getattr(data, k) for k in EPISODE_FIELDS}
+                blob = {"kind": INPUTS_KIND, "key": key, "data": fields, "odometry_errors": extra["odometry_errors"]}
+                save_atomic(blob, cfg.inputs)
         t1 = time.time()
         stats = fit_estimator(
             model.estimator, data, dt, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,

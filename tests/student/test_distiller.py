@@ -201,24 +201,41 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     before, after = load_student(student).model.state_dict(), load_student(tmp_path / "fitted.pt").model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
     assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("estimator."))
+
     # A new estimator that reads odometry, fitted on simulated worlds given the odometry's errors on a tiny drive.
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--steps", "10",
-         "--batch", "8", "--sim-envs", "6", "--sim-seconds", "3", "--estimator.dilations", "1", "2",
-         "--error-drive-envs", "2", "--error-drive-steps", "6", "--sim-driver", "both", "--out",
-         str(tmp_path / "odometry.pt")],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    def fit_odometry(out: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "experiments.fit_estimator", "odometry", "--checkpoint", str(student), "--steps",
+             "10", "--batch", "8", "--sim-seconds", "3", "--estimator.dilations", "1", "2", "--error-drive-envs", "2",
+             "--error-drive-steps", "6", "--sim-driver", "both", "--inputs", str(tmp_path / "worlds.pt"), "--out",
+             str(tmp_path / out), *extra],
+            cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+
+    proc = fit_odometry("odometry.pt", "--sim-envs", "6")
     assert proc.returncode == 0 and "odometry errors on 2 drive episodes (12 frames" in proc.stdout, proc.stderr[-3000:]
-    assert "driven by the teacher and the student" in proc.stdout
+    assert "driven by the teacher and the student" in proc.stdout and "read from" not in proc.stdout
     fitted = load_student(tmp_path / "odometry.pt").model
     assert fitted.estimator.reads_odometry and fitted.cfg.estimator.dilations == (1, 2)
     after = fitted.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("estimator."))
+    # the same worlds again: read back from --inputs, and the same fit comes out
+    proc = fit_odometry("again.pt", "--sim-envs", "6")
+    said = proc.stdout.replace("\n", "")  # the console wraps long paths
+    assert proc.returncode == 0 and f"inputs read from {tmp_path / 'worlds.pt'}" in said, proc.stderr[-3000:]
+    assert "odometry errors on 2 drive episodes (12 frames" in proc.stdout
+    again = load_student(tmp_path / "again.pt").model.state_dict()
+    assert all(torch.equal(after[k], again[k]) for k in after)
+    # other worlds are refused by name, the file kept
+    proc = fit_odometry("other.pt", "--sim-envs", "4")
+    flat = " ".join(proc.stderr.replace("│", " ").split())  # the error box wraps at the console's width
+    assert proc.returncode == 2 and "sim_envs 6 (now 4)" in flat and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "worlds.pt").is_file() and not (tmp_path / "other.pt").exists()
     refusals = [  # bad flags: exit 2, the flag named, no traceback
         (["odometry", "--sim-envs", "0"], "--sim-envs N"),
         (["default", "--sim-driver", "student"], "--sim-driver student"),
         (["default", "--data-dir", str(tmp_path / "nowhere")], "manifest.json (the run"),
+        (["default", "--inputs", str(tmp_path / "worlds.pt")], "--inputs: only an estimator that reads"),
     ]
     for args, message in refusals:
         proc = subprocess.run(
