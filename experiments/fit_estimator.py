@@ -186,8 +186,8 @@ INPUTS_KIND = "fit_estimator_inputs"
 
 def worlds_key(student, teacher_path: str, cfg: FitEstimatorConfig) -> dict:
     """What an odometry fit's simulated worlds depend on: the student's policy weights (not its estimator, which feeds
-    nothing back), the teacher when it drives, and the flags that shape the worlds."""
-    digest = hashlib.sha256()
+    nothing back) and env, the teacher when it drives, and the flags that shape the worlds."""
+    digest = hashlib.sha256(to_yaml(student.env_cfg).encode())
     for name, tensor in sorted(student.model.state_dict().items()):
         if not name.startswith("estimator."):
             digest.update(name.encode())
