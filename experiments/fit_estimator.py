@@ -254,7 +254,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     dt = student.env_cfg.dt_physics
     extra: dict = {}
     if odometry:
-        key = worlds_key(student, teacher_path, cfg)
+        key = worlds_key(student, teacher_path, cfg) if cfg.inputs else {}
         cached = cached_worlds(Path(cfg.inputs), key) if cfg.inputs else None
         if cached is not None:
             data, extra["odometry_errors"] = cached
