@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from adaptation.losses import TARGET_COLUMNS, denormalize_estimates, estimate_metrics, expected_class
+from adaptation.losses import FACTOR_ESTIMATES, TARGET_COLUMNS, denormalize_estimates, estimate_metrics, expected_class
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from student.model import StudentModel, StudentPolicy
@@ -19,6 +19,35 @@ TIME_BINS = (0.0, 0.5, 1.0, 2.0, 4.0, 1e9)
 AFTER_SECONDS = 2.0
 """`estimation_by_time` also scores every output from this long after a reset on (`after 2s`): the estimate once it
 has had two seconds of driving"""
+
+
+def r2_interval(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    cluster: torch.Tensor,
+    draws: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the R^2 of `pred` against `target` with whole clusters resampled: the outputs
+    of one car share its world (its friction, its track section), so they are not independent samples and the interval
+    over single outputs would be far too narrow. NaN where fewer than two clusters or no spread."""
+    ids, inv = torch.unique(cluster, return_inverse=True)
+    k = len(ids)
+    if k < 2:
+        return float("nan"), float("nan")
+    p, t = pred.double().flatten(), target.double().flatten()
+    terms = torch.stack([torch.ones_like(t), t, t.square(), (p - t).square()], -1)
+    sums = torch.zeros(k, 4, dtype=torch.float64).index_add_(0, inv.flatten(), terms)
+    pick = torch.randint(0, k, (draws, k), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(draws, k, dtype=torch.float64).scatter_add_(1, pick, torch.ones(draws, k, dtype=torch.float64))
+    s = counts @ sums
+    sst = s[:, 2] - s[:, 1].square() / s[:, 0]
+    r2 = (1.0 - s[:, 3] / sst)[sst > 1e-12]
+    if len(r2) == 0:
+        return float("nan"), float("nan")
+    lo, hi = torch.quantile(r2, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return lo, hi
 
 
 def estimate_targets(env: RacingEnv) -> torch.Tensor:
@@ -37,7 +66,8 @@ def estimate_targets(env: RacingEnv) -> torch.Tensor:
 
 @torch.no_grad()
 def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 32, steps: int = 300) -> dict:
-    """Drive `num_envs` randomized episodes with the student and score its estimates per time-since-reset bin."""
+    """Drive `num_envs` randomized episodes with the student and score its estimates per time-since-reset bin, the
+    regressed factors' R^2 with a 95% interval over the cars (`friction_r2_ci`, `motor_gain_r2_ci`)."""
     if model.history is None:
         return {}
     env = RacingEnv(replace(env_cfg, num_envs=num_envs, compile=False))
@@ -54,6 +84,8 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
     heads = {k: torch.cat([r[0][k] for r in rows]) for k in rows[0][0]}
     targets = torch.cat([r[1] for r in rows])
     since = torch.cat([r[2] for r in rows])
+    car = torch.arange(num_envs).repeat(len(rows))
+    estimated = denormalize_estimates(heads["estimates"])
     out = {}
     spans = [*itertools.pairwise(TIME_BINS), (AFTER_SECONDS, TIME_BINS[-1])]  # the last: every output after 2 s
     for lo, hi in spans:
@@ -65,6 +97,9 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
         out[key] = estimate_metrics(
             {k: v[sel] for k, v in heads.items()}, targets[sel], env.cfg.dt_physics, env.cfg.substeps
         )
+        for name in FACTOR_ESTIMATES:
+            truth = targets[sel, TARGET_COLUMNS.index(name)]
+            out[key][f"{name}_r2_ci"] = r2_interval(estimated[name][sel], truth, car[sel])
         out[key]["samples"] = int(sel.sum())
     return out
 

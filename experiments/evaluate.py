@@ -221,8 +221,10 @@ def online_estimation_report(model, env_cfg, console: Console, num_envs: int = 1
     table.add_column("time")
     for c in cols:
         table.add_column(c)
+    table.add_column("friction_r2 95% CI (over cars)")
     for key, m in by_time.items():
-        table.add_row(key, *(f"{m[c]:.2f}" for c in cols))
+        lo, hi = m["friction_r2_ci"]
+        table.add_row(key, *(f"{m[c]:.2f}" for c in cols), f"[{lo:.2f}, {hi:.2f}]")
     console.print(table)
     shifts = {
         "friction": shift_test(model, env_cfg, "friction", 1.1, 0.65),

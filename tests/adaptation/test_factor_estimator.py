@@ -1,4 +1,5 @@
 import json
+import math
 
 import numpy as np
 import pytest
@@ -16,10 +17,10 @@ from adaptation.estimator_fit import (
     score,
     with_odometry_errors,
 )
-from adaptation.evaluation import seconds_to_follow
+from adaptation.evaluation import r2_interval, seconds_to_follow
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
+from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, r2_score
 from datasets.checkpoints import save_atomic
 from envs.config_io import to_yaml
 from envs.racing.car import discrete_grid
@@ -289,6 +290,25 @@ def test_fit_estimator_learns_from_simulated_worlds_and_scores_on_recorded_ones(
         fit(synthetic_episodes(n_episodes=3, length=40))
 
 
+def test_r2_interval_resamples_whole_cars():
+    """Each car has one friction and one error of its estimate: its outputs count as one draw, not as many."""
+    gen = torch.Generator().manual_seed(0)
+
+    def cars(n: int, per: int):
+        truth = torch.rand(n, generator=gen).repeat_interleave(per)  # uniform(0, 1): variance 1/12
+        bias = 0.1 * torch.randn(n, generator=gen).repeat_interleave(per)  # the car's error, shared by its outputs
+        return truth + bias, truth, torch.arange(n).repeat_interleave(per)
+
+    pred, truth, car = cars(30, per=50)
+    lo, hi = r2_interval(pred, truth, car)
+    assert lo < r2_score(pred, truth) < hi
+    assert lo < 1.0 - 0.01 * 12 < hi, "holds the R^2 of the population of cars"
+    many = r2_interval(*cars(1500, per=1))  # as many outputs from as many cars
+    assert lo < many[0] < many[1] < hi and many[1] - many[0] < 0.4 * (hi - lo), "fewer cars, wider interval"
+    assert r2_interval(truth, truth, car) == (1.0, 1.0)
+    assert all(math.isnan(v) for v in r2_interval(pred, truth, torch.zeros_like(car))), "one car: no interval"
+
+
 def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, steps=75):
     """`estimation_by_time` of an untrained student while a pure-pursuit driver keeps the cars on the track; the
     policy objects it made, and per step the true body velocities."""
@@ -334,6 +354,8 @@ def test_estimation_by_time_scores_each_bin_and_every_output_after_two_seconds(m
     assert set(out) == {*bins, "after 2s"}
     assert [out[k]["samples"] for k in bins] == [4 * 8, 4 * 7, 4 * 15, 4 * 30, 4 * 15]  # no car left the track
     assert out["after 2s"]["samples"] == out["2-4s"]["samples"] + out[">4s"]["samples"]
+    lo, hi = out["after 2s"]["friction_r2_ci"]
+    assert lo <= hi, "an interval over the four cars"
     late = [out[k]["speed_r2"] for k in ("2-4s", ">4s")]
     assert out["after 2s"]["speed_r2"] not in late, "scored on both bins' outputs together"
 
