@@ -30,8 +30,8 @@ def r2_interval(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of the R^2 of `pred` against `target` with whole clusters resampled: the outputs
-    of one car share its world (its friction, its track section), so they are not independent samples and the interval
-    over single outputs would be far too narrow. NaN where fewer than two clusters or no spread."""
+    of one world (a car's episode) share its friction and its stretch of track, so they are not independent samples
+    and an interval over single outputs would be far too narrow. NaN where fewer than two clusters or no spread."""
     ids, inv = torch.unique(cluster, return_inverse=True)
     k = len(ids)
     if k < 2:
@@ -48,6 +48,12 @@ def r2_interval(
         return float("nan"), float("nan")
     lo, hi = torch.quantile(r2, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
     return lo, hi
+
+
+def world_ids(since: torch.Tensor) -> torch.Tensor:
+    """`(steps, cars)` time since reset -> an id per output of the world it came from: a car's episode (a car that
+    resets draws a new world)."""
+    return (since == 0).long().cumsum(0) * since.shape[1] + torch.arange(since.shape[1])
 
 
 def estimate_targets(env: RacingEnv) -> torch.Tensor:
@@ -67,7 +73,7 @@ def estimate_targets(env: RacingEnv) -> torch.Tensor:
 @torch.no_grad()
 def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 32, steps: int = 300) -> dict:
     """Drive `num_envs` randomized episodes with the student and score its estimates per time-since-reset bin, the
-    regressed factors' R^2 with a 95% interval over the cars (`friction_r2_ci`, `motor_gain_r2_ci`)."""
+    regressed factors' R^2 with a 95% interval over the worlds driven (`friction_r2_ci`, `motor_gain_r2_ci`)."""
     if model.history is None:
         return {}
     env = RacingEnv(replace(env_cfg, num_envs=num_envs, compile=False))
@@ -84,7 +90,7 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
     heads = {k: torch.cat([r[0][k] for r in rows]) for k in rows[0][0]}
     targets = torch.cat([r[1] for r in rows])
     since = torch.cat([r[2] for r in rows])
-    car = torch.arange(num_envs).repeat(len(rows))
+    world = world_ids(since.view(len(rows), num_envs)).flatten()
     estimated = denormalize_estimates(heads["estimates"])
     out = {}
     spans = [*itertools.pairwise(TIME_BINS), (AFTER_SECONDS, TIME_BINS[-1])]  # the last: every output after 2 s
@@ -99,7 +105,7 @@ def estimation_by_time(model: StudentModel, env_cfg: EnvConfig, num_envs: int = 
         )
         for name in FACTOR_ESTIMATES:
             truth = targets[sel, TARGET_COLUMNS.index(name)]
-            out[key][f"{name}_r2_ci"] = r2_interval(estimated[name][sel], truth, car[sel])
+            out[key][f"{name}_r2_ci"] = r2_interval(estimated[name][sel], truth, world[sel])
         out[key]["samples"] = int(sel.sum())
     return out
 

@@ -221,7 +221,7 @@ def online_estimation_report(model, env_cfg, console: Console, num_envs: int = 1
     table.add_column("time")
     for c in cols:
         table.add_column(c)
-    table.add_column("friction_r2 95% CI (over cars)")
+    table.add_column("friction_r2 95% CI (over worlds)")
     for key, m in by_time.items():
         lo, hi = m["friction_r2_ci"]
         table.add_row(key, *(f"{m[c]:.2f}" for c in cols), f"[{lo:.2f}, {hi:.2f}]")

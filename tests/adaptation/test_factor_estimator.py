@@ -17,7 +17,7 @@ from adaptation.estimator_fit import (
     score,
     with_odometry_errors,
 )
-from adaptation.evaluation import r2_interval, seconds_to_follow
+from adaptation.evaluation import r2_interval, seconds_to_follow, world_ids
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import ESTIMATES
 from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, r2_score
@@ -307,6 +307,10 @@ def test_r2_interval_resamples_whole_cars():
     assert lo < many[0] < many[1] < hi and many[1] - many[0] < 0.4 * (hi - lo), "fewer cars, wider interval"
     assert r2_interval(truth, truth, car) == (1.0, 1.0)
     assert all(math.isnan(v) for v in r2_interval(pred, truth, torch.zeros_like(car))), "one car: no interval"
+    # car 0 resets at its fourth output (a new world); car 1 was under way from the first and never resets
+    ids = world_ids(torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0], [0.0, 6.0], [1.0, 7.0]]))
+    assert len(set(ids[:3, 0].tolist())) == 1 and len(set(ids[3:, 0].tolist())) == 1 and ids[2, 0] != ids[3, 0]
+    assert len(set(ids[:, 1].tolist())) == 1 and ids[0, 1] not in ids[:, 0]
 
 
 def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, steps=75):
