@@ -29,7 +29,7 @@ it will read online. The saved student runs the odometry beside it wherever its 
 given the env's camera) and on the car (the exported graph's `motion` input). The preset's estimator is 64 channels
 wide (32 for `default`): the odometry-fed fit underfits at 32 (held-out friction R² after 2 s 0.68 against 0.78 at
 64, on the same teacher-driven worlds). The preset drives 4,096 cars for 20 s (8,810 worlds): on the default run
-friction R² 0.86 online after 2 s (95% interval over the evaluation's cars 0.83-0.88; 0.79 with 2,048 cars' worlds,
+friction R² 0.86 online after 2 s (95% interval over the evaluation's worlds 0.83-0.88; 0.79 with 2,048 cars' worlds,
 0.74 with the teacher driving 2,048), motor gain 0.98 (README).
 
     python -m experiments.fit_estimator odometry --checkpoint runs/student/checkpoints/round_014.pt
