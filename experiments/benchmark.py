@@ -28,7 +28,7 @@ from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.physics_genesis import GenesisConfig
 from experiments.cli import run
-from teacher.pure_pursuit import PurePursuitDriver
+from envs.racing.pure_pursuit import PurePursuitDriver
 
 Driver = Literal["random", "pure-pursuit"]
 

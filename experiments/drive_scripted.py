@@ -25,7 +25,7 @@ from envs.racing.evaluation import EvalConfig, evaluate
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.visualize import plot_trajectories, save_frame_strip
 from experiments.cli import run
-from teacher.pure_pursuit import PurePursuitConfig, PurePursuitDriver
+from envs.racing.pure_pursuit import PurePursuitConfig, PurePursuitDriver
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from envs.errors import check_range
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from experiments.cli import run
-from teacher.pure_pursuit import PurePursuitConfig, PurePursuitDriver
+from envs.racing.pure_pursuit import PurePursuitConfig, PurePursuitDriver
 
 COMPONENTS = ("speed", "lateral", "yaw_rate")
 

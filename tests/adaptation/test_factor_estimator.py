@@ -322,7 +322,7 @@ def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, ste
     from envs.racing.env import RacingEnv
     from student.distiller import output_spec
     from student.model import StudentPolicy
-    from teacher.pure_pursuit import PurePursuitDriver
+    from envs.racing.pure_pursuit import PurePursuitDriver
 
     env_cfg = EnvConfig(num_envs=num_envs, camera="projective", compile=False)
     env = RacingEnv(env_cfg)

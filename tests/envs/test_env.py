@@ -22,7 +22,7 @@ from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
 from envs.racing.rewards import TerminationConfig
 from experiments.evaluate import failure_line
-from teacher.pure_pursuit import PurePursuitDriver
+from envs.racing.pure_pursuit import PurePursuitDriver
 from tests.helpers import NO_RANDOMIZATION, small_env_config
 
 
