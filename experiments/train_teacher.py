@@ -21,6 +21,7 @@ from rich.table import Table
 
 from envs.config_io import to_yaml, write_text_atomic
 from envs.errors import ConfigError
+from envs.task import task_of_config
 from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
 from envs.racing.effects import EffectsConfig
@@ -63,6 +64,7 @@ class TrainTeacherConfig:
     """W&B logging"""
 
     def __post_init__(self) -> None:
+        self.policy.check_factors(task_of_config(self.env).factor_names)
         if self.env.camera != "none":
             raise ConfigError("env.camera must be 'none' for the teacher (it reads ground truth, not images)")
 

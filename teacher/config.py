@@ -39,16 +39,17 @@ class TeacherPolicyConfig:
     init_std: float = 0.6
     """initial action std (continuous action spaces)"""
 
+    def check_factors(self, factor_names: tuple[str, ...]) -> None:
+        """Refuse hidden factors the task does not randomize (the task's `factor_names`)."""
+        unknown = [f for f in self.hidden_factors if f not in factor_names]
+        if unknown:
+            raise ConfigError(f"policy.hidden_factors: unknown factors {unknown}; known: {list(factor_names)}")
+
     def __post_init__(self) -> None:
         check_range("policy.dropout", self.dropout, 0.0, 0.9)
         check_range("policy.dropout_layers", self.dropout_layers, 0, len(self.hidden_dims))
         check_range("policy.latent_dim", self.latent_dim, 1, 256)
         check_range("policy.init_std", self.init_std, 1e-3, 10.0)
-        from envs.racing.randomization import FACTOR_NAMES
-
-        unknown = [f for f in self.hidden_factors if f not in FACTOR_NAMES]
-        if unknown:
-            raise ConfigError(f"policy.hidden_factors: unknown factors {unknown}; known: {list(FACTOR_NAMES)}")
         if not self.hidden_dims or not self.critic_hidden_dims:
             raise ConfigError("policy.hidden_dims and policy.critic_hidden_dims need at least one layer")
 

@@ -1,4 +1,7 @@
-"""A trained teacher loaded for inference: `load_teacher(path)` -> `TeacherPolicy` with `act`, `logits` and `z`."""
+"""A trained teacher loaded for inference: `load_teacher(path)` -> `TeacherPolicy` with `act`, `logits` and `z`.
+
+A checkpoint records its task; the task's registry entry rebuilds its env config and action spec, and a teacher is
+refused, naming both sides, by an env of another task, observation layout or action spec."""
 
 from __future__ import annotations
 
@@ -13,11 +16,20 @@ from torch import Tensor
 
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import from_yaml
-from envs.racing.car import ActionSpace
-from envs.racing.config import EnvConfig
+from envs.task import ActionSpec, Task, TaskMismatchError, get_task
 from teacher.config import TeacherPolicyConfig
 
 TEACHER_KIND = "gapbridge.teacher"
+FORMAT_VERSION = 2
+"""2: the checkpoint names its task (`task`); version 1 files predate tasks and are racing teachers"""
+
+
+def checkpoint_task(data: dict[str, Any], source: str) -> Task:
+    """The task a checkpoint was written for (its `task` entry; version-1 files were all written by racing)."""
+    version = int(data.get("format_version", 1))
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{source}: format version {version} is newer than this version reads ({FORMAT_VERSION})")
+    return get_task(str(data.get("task", "racing")))
 
 
 @dataclass(frozen=True)
@@ -36,16 +48,20 @@ class ObsLayout:
         return cls(int(data["teacher"]), int(data["env_factors"]), tuple(data["factor_names"]))
 
     @classmethod
-    def of_env(cls, env) -> ObsLayout:
-        from envs.racing.randomization import FACTOR_NAMES
-
+    def of_env(cls, env, factor_names: tuple[str, ...]) -> ObsLayout:
         obs = env.get_observations()
-        return cls(int(obs["teacher"].shape[-1]), int(obs["env_factors"].shape[-1]), tuple(FACTOR_NAMES))
+        return cls(int(obs["teacher"].shape[-1]), int(obs["env_factors"].shape[-1]), tuple(factor_names))
 
 
-def check_compatible(source: str, layout: ObsLayout, space: ActionSpace, env) -> None:
-    """Refuse a policy whose observation layout or action space differs from the env's, naming the mismatch."""
-    env_layout = ObsLayout.of_env(env)
+def check_compatible(source: str, task: Task, layout: ObsLayout, space: ActionSpec, env) -> None:
+    """Refuse a policy whose task, observation layout or action space differs from the env's, naming both sides."""
+    from envs.task import task_of_config
+
+    env_task = task_of_config(env.cfg)
+    if env_task.name != task.name:
+        raise TaskMismatchError(f"{source}: a teacher of task {task.name!r}, the env is of task {env_task.name!r}")
+    task.check_groups(env, ("teacher", "env_factors"), "the teacher")
+    env_layout = ObsLayout.of_env(env, task.factor_names)
     if layout != env_layout:
         diffs = [
             f"{k}: policy {getattr(layout, k)} vs env {getattr(env_layout, k)}"
@@ -55,17 +71,21 @@ def check_compatible(source: str, layout: ObsLayout, space: ActionSpace, env) ->
         raise CheckpointError(f"{source}: observation layout mismatch ({'; '.join(diffs)})")
     if space != env.action_space:
         raise CheckpointError(
-            f"{source}: action space mismatch (policy {space.kind} with {space.num_choices or 2} outputs "
-            f"{list(space.choices)[:3]}..., env {env.action_space.kind} {list(env.action_space.choices)[:3]}...)"
+            f"{source}: action space mismatch (policy {space.kind} with {space.num_outputs} outputs "
+            f"{str(space.to_dict())[:80]}..., env {env.action_space.kind} with {env.action_space.num_outputs} "
+            f"{str(env.action_space.to_dict())[:80]}...)"
         )
 
 
 class TeacherPolicy:
     """Deterministic teacher for inference and distillation (eval mode: dropout off)."""
 
-    def __init__(self, actor, action_space: ActionSpace, layout: ObsLayout, env_cfg: EnvConfig, source: str) -> None:
+    def __init__(self, actor, task: Task, action_space: ActionSpec, layout: ObsLayout, env_cfg, source: str) -> None:
         self.actor = actor.eval()
-        self.action_space, self.layout, self.env_cfg, self.source = action_space, layout, env_cfg, source
+        self.task, self.action_space, self.layout, self.env_cfg, self.source = task, action_space, layout, env_cfg, source
+
+    def reset(self, dones: Tensor) -> None:
+        """The teacher is memoryless: nothing to clear (the policy interface's `reset`)."""
 
     @torch.no_grad()
     def act(self, obs: TensorDict) -> Tensor:
@@ -87,7 +107,7 @@ class TeacherPolicy:
         return self
 
     def check_env(self, env) -> None:
-        check_compatible(self.source, self.layout, self.action_space, env)
+        check_compatible(self.source, self.task, self.layout, self.action_space, env)
 
 
 def load_teacher(path: str | Path, device: str = "cpu") -> TeacherPolicy:
@@ -97,18 +117,20 @@ def load_teacher(path: str | Path, device: str = "cpu") -> TeacherPolicy:
     data = load_checkpoint(
         path, kind=TEACHER_KIND, required=("actor", "policy_yaml", "env_yaml", "action_space", "obs_layout")
     )
+    task = checkpoint_task(data, str(path))
     policy_cfg = from_yaml(TeacherPolicyConfig, data["policy_yaml"], "policy")
-    env_cfg = from_yaml(EnvConfig, data["env_yaml"], "env")
-    space = ActionSpace.from_metadata(json.loads(data["action_space"]), source=f"{path} (action space)")
+    env_cfg = from_yaml(task.config_cls, data["env_yaml"], "env")
+    space = task.action_spec_from_dict(json.loads(data["action_space"]))
     layout = ObsLayout.from_dict(data["obs_layout"])
     obs = TensorDict(
         {"teacher": torch.zeros(1, layout.teacher), "env_factors": torch.zeros(1, layout.env_factors)}, batch_size=[1]
     )
-    actor = build_actor(obs, space.num_actions, policy_cfg, space.kind, space.num_choices)
+    num_choices = space.num_outputs if space.kind == "discrete" else 0
+    actor = build_actor(obs, space.num_actions, policy_cfg, space.kind, num_choices, layout.factor_names)
     try:
         actor.load_state_dict(data["actor"])
     except RuntimeError as err:
         raise CheckpointError(
             f"{path}: actor weights do not match the saved policy config ({str(err)[:300]})"
         ) from None
-    return TeacherPolicy(actor.to(device), space, layout, env_cfg, str(path))
+    return TeacherPolicy(actor.to(device), task, space, layout, env_cfg, str(path))

@@ -16,7 +16,6 @@ from rsl_rl.runners import OnPolicyRunner
 from tensordict import TensorDict
 from torch import Tensor
 
-from envs.racing.randomization import FACTOR_NAMES
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.networks import FactorEncoder, mlp
 
@@ -41,6 +40,7 @@ class TeacherActorModel(MLPModel):
         dropout: float = 0.3,
         dropout_layers: int = 1,
         hidden_factors: tuple[str, ...] | list[str] = (),
+        factor_names: tuple[str, ...] | list[str] = (),
     ) -> None:
         groups = obs_groups[obs_set]
         if groups != ["teacher", "env_factors"]:
@@ -56,7 +56,8 @@ class TeacherActorModel(MLPModel):
         if self.distribution is not None:
             self.distribution.init_mlp_weights(self.mlp)
         # Factors the actor is blind to read as 0 (mid-range); not saved: the policy config rebuilds the mask.
-        visible = torch.tensor([name not in hidden_factors for name in FACTOR_NAMES[: self._split[1]]])
+        names = list(factor_names) or [f"factor_{i}" for i in range(self._split[1])]
+        visible = torch.tensor([name not in hidden_factors for name in names[: self._split[1]]])
         self.register_buffer("factor_visible", visible, persistent=False)
 
     def visible_factors(self, factors: Tensor) -> Tensor:
@@ -80,8 +81,11 @@ class TeacherActorModel(MLPModel):
         return torch.cat([state, self.factor_encoder(factors)], dim=-1)
 
 
-def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num_choices: int) -> dict:
-    """The rsl_rl runner configuration dict."""
+def train_cfg(
+    policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num_choices: int, factor_names: tuple[str, ...]
+) -> dict:
+    """The rsl_rl runner configuration dict (`factor_names`: the task's, in `env_factors` order)."""
+    policy.check_factors(factor_names)
     if action_kind == "discrete":
         dist = {"class_name": "teacher.distribution:CategoricalDistribution", "num_choices": num_choices}
     else:
@@ -105,6 +109,7 @@ def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num
             "dropout": policy.dropout,
             "dropout_layers": policy.dropout_layers,
             "hidden_factors": list(policy.hidden_factors),
+            "factor_names": list(factor_names),
         },
         "critic": {
             "class_name": "MLPModel",
@@ -115,10 +120,12 @@ def train_cfg(policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num
     }
 
 
-def build_ppo(env, policy: TeacherPolicyConfig, ppo: PPOConfig, device: str = "cpu"):
+def build_ppo(
+    env, policy: TeacherPolicyConfig, ppo: PPOConfig, factor_names: tuple[str, ...], device: str = "cpu"
+):
     """An rsl_rl `OnPolicyRunner` (no log dir: our trainer logs and checkpoints) and its PPO algorithm."""
     space = env.action_space
-    cfg = train_cfg(policy, ppo, space.kind, space.num_choices if space.kind == "discrete" else 0)
+    cfg = train_cfg(policy, ppo, space.kind, space.num_outputs if space.kind == "discrete" else 0, factor_names)
     import contextlib
     import io
 
@@ -127,8 +134,15 @@ def build_ppo(env, policy: TeacherPolicyConfig, ppo: PPOConfig, device: str = "c
     return runner, runner.alg
 
 
-def build_actor(obs: TensorDict, num_actions: int, policy: TeacherPolicyConfig, action_kind: str, num_choices: int):
+def build_actor(
+    obs: TensorDict,
+    num_actions: int,
+    policy: TeacherPolicyConfig,
+    action_kind: str,
+    num_choices: int,
+    factor_names: tuple[str, ...],
+):
     """A standalone teacher actor (for loading a checkpoint without an env)."""
-    cfg = train_cfg(policy, PPOConfig(), action_kind, num_choices)["actor"]
+    cfg = train_cfg(policy, PPOConfig(), action_kind, num_choices, factor_names)["actor"]
     cfg.pop("class_name")
     return TeacherActorModel(obs, {"actor": ["teacher", "env_factors"]}, "actor", num_actions, **cfg)

@@ -23,11 +23,9 @@ from tensordict import TensorDict
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from envs.config_io import to_yaml
 from envs.errors import GapbridgeError, check_range
-from envs.racing.config import EnvConfig
-from envs.racing.env import RacingEnv
-from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
+from envs.task import task_of_config
 from teacher.config import PPOConfig, TeacherPolicyConfig
-from teacher.policy import TEACHER_KIND, ObsLayout
+from teacher.policy import FORMAT_VERSION, TEACHER_KIND, ObsLayout, checkpoint_task
 from teacher.rsl_adapter import build_ppo
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -74,15 +72,16 @@ def check_finite(obs: TensorDict, rewards: torch.Tensor, iteration: int, step: i
 
 
 class TeacherTrainer:
-    """Owns the env, the PPO algorithm and the run directory."""
+    """Owns the env, the PPO algorithm and the run directory. The task is the one whose env config `env_cfg` is; its
+    env must offer the `teacher` and `env_factors` observation groups."""
 
     def __init__(
         self,
-        env_cfg: EnvConfig,
+        env_cfg,
         policy_cfg: TeacherPolicyConfig,
         ppo_cfg: PPOConfig,
         trainer_cfg: TrainerConfig,
-        eval_cfg: EvalConfig,
+        eval_cfg,
         run_dir: str | Path,
         run_config_yaml: str = "",
         log: LogFn | None = None,
@@ -95,13 +94,21 @@ class TeacherTrainer:
         self.log = log or (lambda metrics, step: None)
         self.wandb_run_id = wandb_run_id
         torch.manual_seed(trainer_cfg.seed)
-        self.env = RacingEnv(env_cfg)
-        self.runner, self.alg = build_ppo(self.env, policy_cfg, ppo_cfg, trainer_cfg.device)
-        self.eval_env = RacingEnv(evaluation_env_config(env_cfg, eval_cfg))
+        self.task = task_of_config(env_cfg)
+        if not isinstance(eval_cfg, self.task.eval_config_cls):
+            raise GapbridgeError(
+                f"the {self.task.name!r} task evaluates with {self.task.eval_config_cls.__name__}, "
+                f"got {type(eval_cfg).__name__}"
+            )
+        policy_cfg.check_factors(self.task.factor_names)
+        self.env = self.task.make_env(env_cfg)
+        self.task.check_groups(self.env, ("teacher", "env_factors"), "the teacher")
+        self.runner, self.alg = build_ppo(self.env, policy_cfg, ppo_cfg, self.task.factor_names, trainer_cfg.device)
+        self.eval_env = self.task.make_eval_env(env_cfg, eval_cfg)
         self.iteration = 0
         self.env_steps = 0
         self.history: list[dict[str, float]] = []
-        self.layout = ObsLayout.of_env(self.env)
+        self.layout = ObsLayout.of_env(self.env, self.task.factor_names)
 
     # ------------------------------------------------------------------------------------------------ train
     def train(self, show_progress: bool = True) -> dict[str, float]:
@@ -140,7 +147,8 @@ class TeacherTrainer:
                     self.save(self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}.pt")
                 status = f"reward {metrics['train/step_reward']:.3f}"
                 if last_eval:
-                    status += f"  laps {last_eval.get('lap_completion', float('nan')):.0%}"
+                    primary = self.task.primary_metric
+                    status += f"  {primary} {last_eval.get(primary, float('nan')):.0%}"
                 progress.update(task, completed=self.iteration, status=status)
                 if out_of_time:
                     break
@@ -197,18 +205,19 @@ class TeacherTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Fixed-seed episodes from fixed start points in both directions (dropout off, greedy actions)."""
+        """The task's fixed-seed evaluation episodes (dropout off, greedy actions)."""
         self.alg.eval_mode()
-        records = run_episodes(self.policy_fn(), self.eval_env, self.eval_cfg)
+        metrics = self.task.evaluate(self.policy_fn(), self.eval_env, self.eval_cfg)
         self.alg.train_mode()
-        return summarize(records, self.eval_env.optimal_lap_time)
+        return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def checkpoint(self) -> dict[str, Any]:
         alg = self.alg
         return {
             "kind": TEACHER_KIND,
-            "format_version": 1,
+            "format_version": FORMAT_VERSION,
+            "task": self.task.name,
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "actor": alg.get_policy().state_dict(),
@@ -221,7 +230,7 @@ class TeacherTrainer:
             "ppo_yaml": to_yaml(self.ppo_cfg),
             "env_yaml": to_yaml(self.env_cfg),
             "run_config_yaml": self.run_config_yaml,
-            "action_space": json.dumps(self.env.action_space.to_metadata()),
+            "action_space": json.dumps(self.env.action_space.to_dict()),
             "obs_layout": self.layout.to_dict(),
             "history": json.dumps(self.history),
             "git_sha": git_sha(),
@@ -237,6 +246,9 @@ class TeacherTrainer:
     def resume(self, path: str | Path) -> None:
         """Continue exactly where the checkpoint stopped (same configs, same device)."""
         data = load_checkpoint(path, kind=TEACHER_KIND, required=("actor", "critic", "optimizer", "env_state", "rng"))
+        saved = checkpoint_task(data, str(path))
+        if saved.name != self.task.name:
+            raise CheckpointError(f"{path}: a teacher of task {saved.name!r}, this run trains task {self.task.name!r}")
         for key, mine in (("policy_yaml", self.policy_cfg), ("ppo_yaml", self.ppo_cfg), ("env_yaml", self.env_cfg)):
             if data.get(key) != to_yaml(mine):
                 raise CheckpointError(

@@ -119,6 +119,15 @@ class ActionSpace:
         return len(self.choices)
 
     @property
+    def num_outputs(self) -> int:
+        """Width of the policy's raw output: one logit per choice (discrete) or the two means (continuous)."""
+        return self.num_choices if self.kind == "discrete" else 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """The saved form of the action spec (the task contract's): the `model_metadata.json` content."""
+        return self.to_metadata()
+
+    @property
     def max_speed(self) -> float:
         return max(c[1] for c in self.choices) if self.kind == "discrete" else self.speed_range[1]
 

@@ -193,8 +193,14 @@ def test_hidden_factors_do_not_reach_the_actor(tmp_path):
 
 
 def test_unknown_hidden_factor_is_refused():
+    """The task's factor names decide: refused when the trainer is built and when the script's config is."""
+    from envs.task import get_task
+    from experiments.train_teacher import TrainTeacherConfig
+
     with pytest.raises(ConfigError, match="hidden_factors.*grip"):
-        TeacherPolicyConfig(hidden_factors=("grip",))
+        TeacherPolicyConfig(hidden_factors=("grip",)).check_factors(get_task("racing").factor_names)
+    with pytest.raises(ConfigError, match="hidden_factors.*grip"):
+        TrainTeacherConfig(policy=TeacherPolicyConfig(hidden_factors=("grip",)))
 
 
 def test_ablation_races_every_variant_in_the_proxy_at_one_top_speed(tmp_path, monkeypatch):
