@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from envs.genesis_import import import_genesis
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.physics_genesis import GenesisConfig
@@ -82,7 +83,7 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int, driver: Driver = "ra
     if "genesis" in (physics, camera):
         # Timed apart from the build: importing Genesis takes seconds, and its engine modules (imported lazily by
         # the first scene of a process) another one or two; both are paid once per process, not per env.
-        import genesis
+        import_genesis()
         import genesis.engine.simulator  # noqa: F401
     imported = time.perf_counter()
     env = RacingEnv(env_cfg)

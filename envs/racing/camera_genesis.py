@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from envs.errors import ConfigError
+from envs.genesis_import import import_genesis
 from envs.racing.camera import CameraConfig
 from envs.racing.physics_genesis import GenesisConfig, init_genesis
 from envs.racing.randomization import VisualSample
@@ -34,6 +35,7 @@ def _limit_msaa_samples() -> None:
     first render); answering that query with `_MSAA["samples"]` makes the count a setting. A software rasterizer
     shades every sample, so 4 samples cost ~3x the render time of a 160x120 frame.
     """
+    import_genesis()
     from genesis.ext.pyrender import renderer
 
     if getattr(renderer, "_gapbridge_msaa", False):

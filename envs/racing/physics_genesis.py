@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from envs.errors import ConfigError, check_range
+from envs.genesis_import import import_genesis
 from envs.racing.car import CarSpec
 from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets, load_params
 
@@ -79,6 +80,7 @@ def _cpu_name_without_subprocess():
     """`gs.init` on the CPU backend asks py-cpuinfo for the CPU's name, for its start-up banner only, and py-cpuinfo
     answers from a Python subprocess: about 1.2 s of every Genesis start-up. The name is read from /proc/cpuinfo
     instead while `gs.init` runs; where Genesis no longer looks the name up that way, nothing is replaced."""
+    import_genesis()
     import genesis.utils.misc as gs_misc
 
     original = getattr(gs_misc, "cpuinfo", None)
@@ -103,7 +105,7 @@ def init_genesis(device: torch.device, cfg: GenesisConfig | None = None) -> obje
             )
         return _GS_STATE["gs"]
     try:
-        import genesis as gs
+        gs = import_genesis()
     except ImportError as err:  # pragma: no cover - genesis is a core dependency
         raise ConfigError(f"env.physics=genesis needs genesis-world ({err})") from None
     backend = gs.gpu if device.type == "cuda" else gs.cpu
