@@ -19,6 +19,10 @@ class ActionSpaceError(GapbridgeError, ValueError):
     """A DeepRacer `model_metadata.json` action space or calibration table is invalid."""
 
 
+class RewardFunctionError(GapbridgeError):
+    """A user's DeepRacer `reward_function(params)` raised or returned something other than a finite number."""
+
+
 def check_range(name: str, value: float, low: float, high: float) -> None:
     """Raise ConfigError unless low <= value <= high."""
     if not (low <= value <= high):

@@ -30,7 +30,7 @@ def run(main: Callable[[T], object], presets: Mapping[str, tuple[str, T]], descr
         cfg = parse(presets, description)
         main(cfg)
     except GapbridgeError as err:
-        console.print(f"[bold red]error:[/] {err}", highlight=False)
+        console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)  # one line, even when piped
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

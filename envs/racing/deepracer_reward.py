@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from envs.errors import ConfigError
+from envs.errors import ConfigError, RewardFunctionError
 from envs.racing.track import Track
 
 PARAM_KEYS = (
@@ -147,11 +148,29 @@ class DeepRacerParams:
 
 
 def evaluate_reward_function(fn: Callable[[dict[str, Any]], float], params: list[dict[str, Any]]) -> Tensor:
-    """Call a DeepRacer reward function on each params dict; non-numeric or non-finite results are errors."""
+    """Call a DeepRacer reward function on each params dict. An exception inside it, or a result that is not a finite
+    number, is a `RewardFunctionError` naming the file (and line), the env index and its step."""
     values = []
     for i, p in enumerate(params):
-        r = fn(p)
+        try:
+            r = fn(p)
+        except Exception as err:  # the user's code: any exception is a mistake in that file
+            raise RewardFunctionError(
+                f"{_where(fn, err)}: reward_function raised {type(err).__name__}: {err} at step {p.get('steps')} of "
+                f"env {i}; params keys: {', '.join(sorted(p))}"
+            ) from err
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
-            raise ConfigError(f"reward_function returned {r!r} for env {i}; it must return a finite number")
+            raise RewardFunctionError(
+                f"{_where(fn)}: reward_function returned {r!r} at step {p.get('steps')} of env {i}; "
+                "it must return a finite number"
+            )
         values.append(float(r))
     return torch.tensor(values, dtype=torch.float32)
+
+
+def _where(fn: Callable, err: BaseException | None = None) -> str:
+    """`file` of the reward function, or `file:line` of the deepest frame of that file in `err`'s traceback."""
+    code = getattr(fn, "__code__", None)
+    path = code.co_filename if code is not None else getattr(fn, "__name__", "reward_function")
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == path] if err is not None else []
+    return f"{path}:{frames[-1].lineno}" if frames else path

@@ -3,6 +3,7 @@ import textwrap
 import pytest
 import torch
 
+from envs.errors import GapbridgeError, RewardFunctionError
 from envs.racing.deepracer_reward import PARAM_KEYS, DeepRacerParams, evaluate_reward_function, load_reward_function
 from envs.racing.env import RacingEnv
 from envs.racing.rewards import RewardConfig, centerline_reward, is_offtrack, progress_reward
@@ -87,8 +88,27 @@ def test_env_uses_a_user_reward_file(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def reward_function(params):\n    return 'high'\n")
     env = RacingEnv(small_env_config(num_envs=1, reward=RewardConfig(deepracer_function=str(bad))))
-    with pytest.raises(ValueError, match="must return a finite number"):
+    with pytest.raises(RewardFunctionError, match=r"bad\.py: reward_function returned 'high' at step 1 of env 0"):
         env.step(torch.zeros(1, 1))
+
+
+def test_a_reward_function_that_raises_names_file_exception_step_env_and_keys(tmp_path):
+    path = tmp_path / "typo.py"
+    path.write_text(
+        "def reward_function(params):\n"
+        "    if params['steps'] < 2:\n"
+        "        return 1.0\n"
+        "    return params['nonexistent_key']\n"
+    )
+    env = RacingEnv(small_env_config(num_envs=2, reward=RewardConfig(deepracer_function=str(path))))
+    env.step(torch.zeros(2, 1))
+    with pytest.raises(RewardFunctionError) as caught:
+        env.step(torch.zeros(2, 1))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{path}:4: reward_function raised KeyError: 'nonexistent_key' at step 2 of env 0" in message
+    assert "params keys: all_wheels_on_track, closest_objects," in message and message.endswith("x, y")
+    assert isinstance(caught.value, GapbridgeError)
 
 
 def test_edge_penalty_by_hand():

@@ -73,6 +73,20 @@ def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     assert proc.returncode == 2 and "outside ±30" in proc.stderr
 
 
+def test_a_raising_deepracer_reward_function_exits_2_with_one_line(tmp_path):
+    reward = tmp_path / "typo_reward.py"
+    reward.write_text("def reward_function(params):\n    return params['nonexistent_key']\n")
+    proc = run(
+        "experiments.train_teacher", "smoke", "--run-dir", str(tmp_path / "run"),
+        "--env.reward.deepracer-function", str(reward),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"{reward}:2: reward_function raised KeyError: 'nonexistent_key' at step 1 of env 0" in line
+    assert "params keys: all_wheels_on_track," in line
+
+
 def test_demo_smoke_runs_every_stage(tmp_path):
     proc = run("experiments.demo", "smoke", "--out-dir", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
