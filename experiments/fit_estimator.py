@@ -15,8 +15,8 @@ as well as the truth carries little of how the car actually responds).
 `--sim-envs N` adds N cars driven by the run's teacher (blind to friction and motor gain) in the student's world
 without a camera, each car a new world per episode, their motion inputs passed through the student's own estimate
 errors measured on the recorded episodes (`adaptation.simulated_worlds.simulated_inputs`): labels for thousands of
-worlds instead of the run's few hundred. The held-out scores stay on recorded episodes the fit never saw; on a
-default-teacher student they came out worse than without (README), so it is off by default.
+worlds instead of the run's few hundred. The held-out scores stay on recorded episodes the fit never saw; it is off
+by default because those scores came out worse with it (docs/results.md#estimates).
 
 The `odometry` preset (`--estimator.motion odometry`) gives the student a new estimator that reads planar visual
 odometry of its frames instead (`adaptation.odometry`: command-free, so slip and a weak motor show through). The
@@ -27,14 +27,12 @@ out. In the preset the student itself drives those worlds through its camera (`-
 teacher without a camera, blind to the factors; `both`: half the cars each), so the estimator learns from the driving
 it will read online. The saved student runs the odometry beside it wherever its estimates are scored (`StudentPolicy`
 given the env's camera) and on the car (the exported graph's `motion` input). The preset's estimator is 64 channels
-wide (32 for `default`): the odometry-fed fit underfits at 32 (held-out friction R² after 2 s 0.68 against 0.78 at
-64, on the same teacher-driven worlds). The preset drives 4,096 cars for 20 s (8,810 worlds): on the default run
-friction R² 0.86 online after 2 s (95% interval over the evaluation's worlds 0.83-0.88; 0.79 with 2,048 cars' worlds,
-0.74 with the teacher driving 2,048), motor gain 0.98 (README).
+wide (32 for `default`) because the odometry-fed fit underfits at 32, and the preset drives 4,096 cars for 20 s
+because on fewer worlds the estimator overfits them (docs/results.md#odometry-fed-estimator).
 
     python -m experiments.fit_estimator odometry --checkpoint runs/student/checkpoints/round_014.pt
 
-The simulated worlds' inputs take about half of that fit's time (the student drives 4,096 cars through its camera);
+The simulated worlds' inputs are a large part of that fit's cost (the student drives 4,096 cars through its camera);
 `--inputs F` keeps them in F and reads them back on the next fit of the same worlds, so variants of the fit (another
 `--estimator.*`, `--steps`) share one drive.
 """

@@ -77,7 +77,7 @@ class DaggerConfig:
     """cars driving simulated worlds for that fit besides the recorded episodes: the teacher, blind to friction and
     motor gain, drives the collection world without a camera, and the motion inputs are the true body velocities
     passed through the student's own estimate errors (`adaptation.simulated_worlds.simulated_inputs`); 0 = recorded
-    episodes only (measured: the simulated worlds made the held-out scores worse, README)"""
+    episodes only (the default: measured worse with them, see docs/results.md#estimates)"""
     estimator_sim_seconds: float = 20.0
     """driving per simulated car (s); a car starts a new world whenever its episode ends"""
     cache_mb: int = 1024
@@ -85,7 +85,7 @@ class DaggerConfig:
     max_minutes: float = 0.0
     """stop after this much wall time (0 = none); the round in progress finishes first"""
     bf16: Literal["auto", "on", "off"] = "auto"
-    """bfloat16 autocast for training (auto: on CPUs with native bf16, ~2x faster; weights stay float32)"""
+    """bfloat16 autocast for training (auto: on CPUs with native bf16, where it is faster; weights stay float32)"""
     seed: int = 0
     """seed of the global RNG (student init, mixing, augmentation, window sampling)"""
 

@@ -20,8 +20,8 @@ class TeacherPolicyConfig:
     """activation of every hidden layer"""
     dropout: float = 0.0
     """dropout in the policy trunk. Off by default: rollouts run the deterministic network and PPO updates the dropped
-    one, and at 0.3 the teacher stalls at 70-90% laps under full randomization (100% without). The DeepRacer team's
-    0.3 is for the network that drives the car, the student (`--student.head-dropout`)"""
+    one, and at 0.3 the teacher stalls under full randomization (measured worse, see docs/results.md#teacher). The
+    DeepRacer team's 0.3 is for the network that drives the car, the student (`--student.head-dropout`)"""
     dropout_layers: int = 1
     """how many of the last trunk layers dropout follows (more layers make PPO's ratios noisier)"""
     latent_dim: int = 8
