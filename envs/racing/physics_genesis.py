@@ -43,11 +43,12 @@ class GenesisConfig:
     """Genesis engine settings. `gs.init` runs once per process, so the first Genesis env of a process fixes them."""
 
     performance_mode: bool = False
-    """static-array kernels: ~15-20% faster physics steps, but Genesis' kernel fast cache does not apply to them, so
-    every process traces its kernels again (a warm scene build takes ~60 s instead of ~10 s); for long runs"""
+    """static-array kernels: faster physics steps, but Genesis' kernel fast cache does not apply to them, so every
+    process traces its kernels again and a warm scene build is several times slower (docs/results.md#throughput);
+    for long runs"""
     msaa_samples: int = 0
-    """multisample anti-aliasing of the Genesis rasterizer (0 = off); on a software rasterizer 4 samples cost ~3x
-    the render time of a frame, and the sensor model blurs edges anyway"""
+    """multisample anti-aliasing of the Genesis rasterizer (0 = off); on a software rasterizer samples multiply the
+    render time of a frame, and the sensor model blurs edges anyway"""
     fisheye_scale: float = 0.75
     """resolution of the pinhole render behind a fisheye lens, as a fraction of the fisheye's focal length at the
     image centre (the render covers the whole fisheye frame; 1.0 keeps the centre at full resolution, at ~1.8x the
@@ -224,8 +225,8 @@ class GenesisPhysics:
         # Per-env link masses need batched link info; gains are shared by all envs, so dof info is not batched. Four
         # sphere contacts need no contact pruning. The steering servo never drives the hinges to their limits (the
         # inner Ackermann angle at full lock is ~0.68 rad), so joint-limit rows are left out, and Newton converges on
-        # four point contacts in a few iterations (17% off a 256-env step of cars at rest; no measurable
-        # change while driving, where the solver already stops early).
+        # four point contacts in a few iterations (cheaper steps for cars at rest; no measurable change while
+        # driving, where the solver already stops early).
         self.scene = gs.Scene(
             sim_options=gs.options.SimOptions(dt=self.dt, substeps=1),
             rigid_options=gs.options.RigidOptions(
@@ -255,8 +256,8 @@ class GenesisPhysics:
         wheels = [self.car.get_link(n) for n in ("front_left_wheel", "front_right_wheel", "rear_left_wheel",
                                                   "rear_right_wheel")]  # fmt: skip
         # The tyres' collision geoms (solver indices), written straight through the solver: the entity's
-        # `set_friction_ratio` spreads link values over geoms with an int32 `repeat_interleave`, which took ~6 ms per
-        # call on a 2-core machine busy with another job (int64 repeats: ~20 us there; both ~15 us on an idle one).
+        # `set_friction_ratio` spreads link values over geoms with an int32 `repeat_interleave`, which is slow on a
+        # busy CPU where int64 repeats are not.
         self.wheel_geoms = [g for link in wheels for g in range(link.geom_start, link.geom_end)]
         if len(self.wheel_geoms) != len(wheels):
             raise RuntimeError(f"expected one collision geom per wheel, got {len(self.wheel_geoms)} for 4 wheels")
