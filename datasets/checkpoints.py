@@ -7,7 +7,9 @@ are YAML text — so loading one from elsewhere cannot execute code. A kill mid-
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,9 @@ def load_checkpoint(path: str | Path, kind: str | None = None, required: tuple[s
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for truncated/corrupt/unsafe files
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(_unpickling_message(path, err)) from None
+    except Exception as err:  # torch raises several types for truncated/corrupt files
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err)[:200]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a dict checkpoint, got {type(data).__name__}")
@@ -52,6 +56,20 @@ def load_checkpoint(path: str | Path, kind: str | None = None, required: tuple[s
     if missing:
         raise CheckpointError(f"{path}: missing keys {missing}")
     return data
+
+
+def _unpickling_message(path: Path, err: pickle.UnpicklingError) -> str:
+    """What the refusal of a file holding pickled objects says: what it holds, and that it stays unloaded. torch's own
+    message advises loading it unprotected, which could run any code the file carries; that advice is not repeated."""
+    text = str(err)
+    if "Weights only load failed" not in text:
+        return f"{path}: not a readable checkpoint (UnpicklingError: {text[:200]})"
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    what = f" (first: {found.group(1)})" if found else ""
+    return (
+        f"{path}: holds objects other than tensors and plain data{what}; it is not loaded, since unpickling them could "
+        "run code. A checkpoint holds tensors, numbers, strings, lists and dicts only"
+    )
 
 
 def rng_state() -> dict[str, Any]:
