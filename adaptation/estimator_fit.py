@@ -41,8 +41,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator, normalize_velocities
-from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, expected_class, latency_class, r2_score
+from adaptation.losses import expected_class, latency_class, r2_score
 from datasets.rollouts import read_shards
+from envs.vehicle import VEHICLE_ESTIMATES
 
 
 @dataclass
@@ -50,7 +51,7 @@ class EpisodeInputs:
     """Flat rows of all recorded episodes (each episode's rows contiguous, in step order)."""
 
     inputs: Tensor  # (M, 5) the estimator's inputs
-    targets: Tensor  # (M, len(TARGET_COLUMNS))
+    targets: Tensor  # (M, len(VEHICLE_ESTIMATES.targets))
     episode: Tensor  # (M,) episode id
     step: Tensor  # (M,) step within the episode
 
@@ -144,7 +145,7 @@ EPISODE_FIELDS = ("inputs", "targets", "episode", "step")
 
 def normalized_motion(targets: Tensor) -> Tensor:
     """The true body velocities `(..., 3)` of `targets`, normalized as the history encoder estimates them."""
-    return normalize_velocities(targets[..., [TARGET_COLUMNS.index(n) for n in MOTION]])
+    return normalize_velocities(targets[..., [VEHICLE_ESTIMATES.column(n) for n in MOTION]])
 
 
 def episode_spans(episode: Tensor) -> list[tuple[int, int]]:
@@ -281,9 +282,8 @@ def _losses(heads: dict[str, Tensor], targets: Tensor, weights: Tensor, dt_physi
         cls = latency_class(targets[..., column], dt_physics, logits.shape[-1])
         return (F.cross_entropy(logits.flatten(0, 1), cls.flatten(), reduction="none") * weights.flatten()).sum()
 
-    factors = torch.stack(
-        [(targets[..., TARGET_COLUMNS.index(n)] - ESTIMATE_SCALE[n][0]) / ESTIMATE_SCALE[n][1] for n in FACTORS], -1
-    )
+    spec = VEHICLE_ESTIMATES
+    factors = torch.stack([(targets[..., spec.column(n)] - spec.scale[n][0]) / spec.scale[n][1] for n in FACTORS], -1)
     mse = ((heads["factors"] - factors).square().mean(-1) * weights).sum()
     return (ce(heads["action_latency_logits"], 0) + ce(heads["camera_latency_logits"], 1) + mse) / denom
 
@@ -314,8 +314,8 @@ def score(
     e_act, e_cam = expected_class(heads["action_latency_logits"]), expected_class(heads["camera_latency_logits"])
     out = {"action_latency_r2": r2_score(e_act, act), "loop_latency_r2": r2_score(e_act + e_cam, act + cam)}
     for i, name in enumerate(FACTORS):
-        centre, scale = ESTIMATE_SCALE[name]
-        out[f"{name}_r2"] = r2_score(heads["factors"][:, i] * scale + centre, t[:, TARGET_COLUMNS.index(name)])
+        centre, scale = VEHICLE_ESTIMATES.scale[name]
+        out[f"{name}_r2"] = r2_score(heads["factors"][:, i] * scale + centre, t[:, VEHICLE_ESTIMATES.column(name)])
     return out
 
 

@@ -36,13 +36,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from adaptation.history_encoder import ESTIMATES, causal_blocks, tcn_step, tcn_window
-from adaptation.losses import ESTIMATE_SCALE, FACTOR_ESTIMATES
+from adaptation.history_encoder import causal_blocks, tcn_step, tcn_window
 from envs.errors import check_range
+from envs.vehicle import MOTION, VEHICLE_ESTIMATES
 
-MOTION = ("speed", "lateral_speed", "yaw_rate")
-"""the history encoder's estimates this estimator reads (normalized, as the encoder outputs them)"""
-FACTORS = FACTOR_ESTIMATES
+ESTIMATES = VEHICLE_ESTIMATES.regressions
+"""the history encoder's estimates of a vehicle task, in the order of its `estimates` head"""
+ESTIMATE_SCALE = VEHICLE_ESTIMATES.scale
+FACTORS = VEHICLE_ESTIMATES.factors
 """the regressed factors this estimator provides (in place of the history encoder's own heads for them)"""
 INPUT_DIM = 2 + len(MOTION)
 """per-step inputs: the previous action and the motion estimates"""

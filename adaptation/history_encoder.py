@@ -1,10 +1,10 @@
 """History encoder: the last K steps of (image embedding, previous action) -> z-hat and explicit estimates.
 
 RMA / HORA style: a causal temporal conv net (default) or a GRU over the per-step features. Outputs z-hat (regressed
-onto the teacher's z = mu(e)), action- and camera-latency class logits (in physics substeps), friction, motor gain
-and the body velocities (speed, lateral speed, yaw rate). Training runs over whole windows `(B, T, ...)` with a mask
-(False = padding before the episode start); deployment runs one step at a time with explicit state (`init_state` /
-`step`), which computes exactly what the window pass computes for the newest step.
+onto the teacher's z = mu(e)), class logits of each latency the task names (in physics substeps) and its regressed
+estimates (racing: friction, motor gain and the body velocities). Training runs over whole windows `(B, T, ...)`
+with a mask (False = padding before the episode start); deployment runs one step at a time with explicit state
+(`init_state` / `step`), which computes exactly what the window pass computes for the newest step.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from envs.errors import check_range
-
-ESTIMATES = ("friction", "motor_gain", "speed", "lateral_speed", "yaw_rate")
-"""regressed scalars, in the order of the `estimates` output. The body velocities (speed, lateral speed, yaw rate)
-are dense per-frame targets: they teach the encoder the car's motion, which is what reveals friction (slip at a
-given speed and steering) and motor gain (speed reached for a command)."""
 
 
 @dataclass(frozen=True)
@@ -86,14 +81,21 @@ def tcn_step(x: Tensor, state: Tensor, inp: Callable[[Tensor], Tensor], blocks: 
 
 
 class HistoryEncoder(nn.Module):
-    """Per-step features `(B, T, embed + 2)` -> history features `(B, T, channels)` and estimate heads."""
+    """Per-step features `(B, T, embed + proprio)` -> history features `(B, T, channels)` and estimate heads: `z_hat`,
+    `{latency}_logits` for each entry of `latency_classes` (name -> classes), and `estimates` (`num_estimates`)."""
 
     def __init__(
-        self, cfg: HistoryConfig, embed_dim: int, latent_dim: int, act_latency_classes: int, cam_latency_classes: int
+        self,
+        cfg: HistoryConfig,
+        embed_dim: int,
+        latent_dim: int,
+        latency_classes: dict[str, int],
+        num_estimates: int,
+        proprio_dim: int = 2,
     ):
         super().__init__()
         self.cfg = cfg
-        self.project = nn.Sequential(nn.Linear(embed_dim + 2, cfg.input_dim), nn.ELU())
+        self.project = nn.Sequential(nn.Linear(embed_dim + proprio_dim, cfg.input_dim), nn.ELU())
         if cfg.kind == "tcn":
             self.inp = nn.Conv1d(cfg.input_dim, cfg.channels, 1)
             self.blocks = causal_blocks(cfg.channels, cfg.kernel, cfg.dilations)
@@ -101,9 +103,8 @@ class HistoryEncoder(nn.Module):
             self.gru = nn.GRU(cfg.input_dim, cfg.channels, batch_first=True)
         c = cfg.channels
         self.z_head = nn.Linear(c, latent_dim)
-        self.act_latency_head = nn.Linear(c, act_latency_classes)
-        self.cam_latency_head = nn.Linear(c, cam_latency_classes)
-        self.estimate_head = nn.Linear(c, len(ESTIMATES))
+        self.latency_heads = nn.ModuleDict({name: nn.Linear(c, k) for name, k in latency_classes.items()})
+        self.estimate_head = nn.Linear(c, num_estimates)
         self.out_dim = c
 
     # ------------------------------------------------------------------------------------------- sequences
@@ -127,12 +128,10 @@ class HistoryEncoder(nn.Module):
         return out.gather(1, back[..., None].expand(-1, -1, out.shape[-1])) * mask[..., None]
 
     def heads(self, h: Tensor) -> dict[str, Tensor]:
-        return {
-            "z_hat": torch.tanh(self.z_head(h)),
-            "action_latency_logits": self.act_latency_head(h),
-            "camera_latency_logits": self.cam_latency_head(h),
-            "estimates": self.estimate_head(h),
-        }
+        heads = {"z_hat": torch.tanh(self.z_head(h))}
+        heads.update({f"{name}_logits": head(h) for name, head in self.latency_heads.items()})
+        heads["estimates"] = self.estimate_head(h)
+        return heads
 
     # -------------------------------------------------------------------------------------------- one step
     def init_state(self, n: int, device: torch.device | str = "cpu") -> Tensor:

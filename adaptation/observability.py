@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from adaptation.losses import TARGET_COLUMNS, r2_score
+from adaptation.losses import r2_score
 from datasets.rollouts import read_shards
-from envs.racing.env import RacingEnv
-from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
+from envs.task import task_of_config
+from envs.vehicle import VEHICLE_ESTIMATES
 
 FEATURES = ("steer_cmd", "speed_cmd", "speed", "lateral_speed", "yaw_rate", "steer", "lateral_accel")
 """per-step signals recorded while driving (commands after the action map; state after the control step)"""
@@ -54,16 +54,16 @@ class Recording:
     grip_use: Tensor  # |lateral acceleration| / (friction * g), (N, T)
 
 
-def blind_factor(obs, factor: str, nominal: float | None = None):
-    """The observation with `factor`'s column of `env_factors` set to its normalized nominal value."""
+def blind_factor(obs, factor: str, task, nominal: float | None = None):
+    """The observation with `factor`'s column of `env_factors` set to its normalized nominal value (`task`: the
+    env's task, which names and normalizes the factors)."""
     nominal = NOMINAL[factor] if nominal is None else nominal
-    lo, hi = FACTOR_BOUNDS[factor]
     out = obs.clone()
-    out["env_factors"][:, FACTOR_NAMES.index(factor)] = 2.0 * (nominal - lo) / (hi - lo) - 1.0
+    out["env_factors"][:, task.factor_names.index(factor)] = task.normalized_factor(factor, nominal)
     return out
 
 
-def factor_value(env: RacingEnv, factor: str) -> Tensor:
+def factor_value(env, factor: str) -> Tensor:
     """The factor's true value per env (action latency in seconds)."""
     if factor == "action_latency":
         return env.world.action_latency.float() * env.cfg.dt_physics
@@ -71,17 +71,18 @@ def factor_value(env: RacingEnv, factor: str) -> Tensor:
 
 
 @torch.no_grad()
-def record(driver, env: RacingEnv, factor: str, steps: int, blind: bool = True) -> Recording:
+def record(driver, env, factor: str, steps: int, blind: bool = True) -> Recording:
     """Drive `env` for `steps` control steps with `driver` (a teacher: `act(obs)`), recording `FEATURES`."""
     if factor not in FACTORS:
         raise ValueError(f"factor={factor!r}; use one of {FACTORS}")
+    task = task_of_config(env.cfg)
     obs = env.get_observations()
     n = env.num_envs
     episode = torch.arange(n)
     next_episode = n
     feats, target, since, episodes, grip = [], [], [], [], []
     for _ in range(steps):
-        action = driver.act(blind_factor(obs, factor) if blind else obs)
+        action = driver.act(blind_factor(obs, factor, task) if blind else obs)
         steer_cmd, speed_cmd = env.commands(action)
         obs, _, dones, _ = env.step(action)
         s = env.physics.state
@@ -222,7 +223,7 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     if not cols["episode"]:
         raise ValueError(f"{data_dir}: no finished shards in the manifest")
     prev, targets, episode, step = (np.concatenate(cols[k]) for k in ("prev_action", "targets", "episode", "step"))
-    t = {name: targets[:, TARGET_COLUMNS.index(name)] for name in TARGET_COLUMNS}
+    t = {name: targets[:, VEHICLE_ESTIMATES.column(name)] for name in VEHICLE_ESTIMATES.targets}
     rows = {"steer_cmd": prev[:, 0], "speed_cmd": prev[:, 1], "lateral_accel": t["speed"] * t["yaw_rate"]}
     rows.update({name: t[name] for name in ("speed", "lateral_speed", "yaw_rate")})
     flat = np.stack([rows.get(name, np.full(len(prev), np.nan, np.float32)) for name in FEATURES], -1)
@@ -241,6 +242,6 @@ def shard_recording(data_dir: str | Path, factor: str) -> Recording:
     return Recording(features, target, since, episode_ids, torch.nan_to_num(grip, nan=0.0))
 
 
-def driving_env(env_cfg, num_envs: int) -> RacingEnv:
+def driving_env(env_cfg, num_envs: int):
     """The driver's training world without a camera (state only), `num_envs` wide."""
-    return RacingEnv(replace(env_cfg, num_envs=num_envs, camera="none", compile=False))
+    return task_of_config(env_cfg).make_env(replace(env_cfg, num_envs=num_envs, camera="none", compile=False))

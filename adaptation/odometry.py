@@ -1,6 +1,6 @@
 """Planar visual odometry from the calibrated camera: the car's motion between two frames, without the commands.
 
-The camera is rigidly mounted at a calibrated height, pitch and field of view (`envs.racing.camera.CameraConfig`), so
+The camera is rigidly mounted at a calibrated height, pitch and field of view (`envs.camera_model.CameraConfig`), so
 every pixel below the horizon sees a known point of the ground plane in the car frame. A candidate motion of the car
 between two frames (forward and left displacement of the centre of gravity, yaw change) moves those points into the
 previous car frame, where the calibrated lens projects them into the previous image; the motion that makes the
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from envs.errors import ConfigError, check_range
-from envs.racing.camera import CameraConfig, pixel_rays
+from envs.camera_model import CameraConfig, pixel_rays
 
 
 @dataclass(frozen=True)

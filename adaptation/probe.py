@@ -18,8 +18,10 @@ import torch
 from torch import Tensor
 
 from adaptation.estimator_fit import replay_episodes
-from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import TARGET_COLUMNS, denormalize_estimates, r2_score
+from adaptation.losses import r2_score
+from envs.vehicle import VEHICLE_ESTIMATES
+
+ESTIMATES, TARGET_COLUMNS = VEHICLE_ESTIMATES.regressions, VEHICLE_ESTIMATES.targets
 
 SOURCES = ("image", "image pair", "history", "image+history")
 """feature sets a probe reads: the image embedding of the step's frame, the embeddings of it and of the frame before
@@ -52,7 +54,7 @@ def collect_features(
             if "history" in captured:
                 parts["history"] = captured["history"].float()
             if "estimates" in batch.heads:
-                est = denormalize_estimates(batch.heads["estimates"])
+                est = VEHICLE_ESTIMATES.denormalize(batch.heads["estimates"])
                 parts["estimates"] = torch.stack([est[name] for name in ESTIMATES], -1)
             keeps = [np.asarray(batch.cols["step"][a:b_]) >= min_step for a, b_ in batch.spans]
             for name, x in parts.items():

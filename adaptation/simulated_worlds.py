@@ -10,11 +10,10 @@ from dataclasses import replace
 import torch
 
 from adaptation.estimator_fit import EpisodeInputs, MotionErrors, episode_spans, motion_errors, normalized_motion
-from adaptation.evaluation import estimate_targets
 from adaptation.factor_estimator import FACTORS, normalize_velocities
 from adaptation.observability import blind_factor, driving_env
 from adaptation.odometry import PlanarOdometry, pose_change
-from envs.racing.env import RacingEnv
+from envs.task import task_of_config
 
 
 @torch.no_grad()
@@ -37,8 +36,9 @@ def simulated_inputs(
     camera's pose change between consecutive frames (`adaptation.odometry.PlanarOdometry` measures the same from the
     frames; zeros at an episode's first step). Episode ids start at `first_episode`; rows are grouped by episode, in
     step order."""
+    task = task_of_config(env_cfg)
     if camera:
-        env = RacingEnv(replace(env_cfg, num_envs=envs, seed=seed, compile=False))
+        env = task.make_env(replace(env_cfg, num_envs=envs, seed=seed, compile=False))
         driver.reset(torch.ones(envs, dtype=torch.bool))
     else:
         env = driving_env(replace(env_cfg, seed=seed), envs)
@@ -48,13 +48,13 @@ def simulated_inputs(
     prev, targets, steps_since, episodes, poses = [], [], [], [], []
     for _ in range(steps):
         prev.append(obs["proprio"][:, :2].clone())
-        targets.append(estimate_targets(env))
+        targets.append(task.estimate_targets(env))
         steps_since.append(env.episode_length_buf.clone())
         episodes.append(episode.clone())
         poses.append(env.camera_pose().clone())
         seen = obs
         for name in () if camera else blind:
-            seen = blind_factor(seen, name)
+            seen = blind_factor(seen, name, task)
         obs, _, dones, _ = env.step(driver.act(seen))
         if camera:
             driver.reset(dones)

@@ -19,7 +19,6 @@ from typing import Any
 import h5py
 import numpy as np
 
-from adaptation.losses import TARGET_COLUMNS
 from envs.config_io import write_text_atomic
 from envs.errors import GapbridgeError
 
@@ -38,19 +37,29 @@ class Field:
     dtype: str
 
 
-def rollout_schema(num_choices: int, latent_dim: int, num_factors: int, image_hw=(120, 160)) -> dict[str, Field]:
-    """Per-row fields of a DAgger shard. `teacher_logits` holds the teacher's action distribution (or mean)."""
+def rollout_schema(
+    num_outputs: int,
+    latent_dim: int,
+    num_factors: int,
+    num_targets: int,
+    proprio_dim: int = 2,
+    num_actions: int = 1,
+    image_hw: tuple[int, int] = (120, 160),
+) -> dict[str, Field]:
+    """Per-row fields of a DAgger shard. `teacher_logits` holds the teacher's action distribution (or mean),
+    `targets` the task's estimate targets (`EstimateSpec.targets` order), `prev_action` the previous action as the
+    student reads it."""
     h, w = image_hw
     return {
         "camera": Field((1, h, w), "uint8"),
-        "prev_action": Field((2,), "float32"),
-        "teacher_logits": Field((num_choices,), "float32"),
-        "teacher_action": Field((1,), "float32"),
-        "student_action": Field((1,), "float32"),
-        "executed_action": Field((1,), "float32"),
+        "prev_action": Field((proprio_dim,), "float32"),
+        "teacher_logits": Field((num_outputs,), "float32"),
+        "teacher_action": Field((num_actions,), "float32"),
+        "student_action": Field((num_actions,), "float32"),
+        "executed_action": Field((num_actions,), "float32"),
         "z": Field((latent_dim,), "float32"),
         "env_factors": Field((num_factors,), "float32"),
-        "targets": Field((len(TARGET_COLUMNS),), "float32"),  # adaptation.losses.TARGET_COLUMNS
+        "targets": Field((num_targets,), "float32"),
         "terminated": Field((), "bool"),
         "truncated": Field((), "bool"),
         "episode": Field((), "int64"),  # global episode id

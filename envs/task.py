@@ -7,9 +7,10 @@ A task registers itself by name (ManiSkill's `register_env`, IsaacLab's `gym.reg
 and every consumer asks the registry (`get_task("racing")`, or `task_of_config(cfg)` for the task whose env config
 `cfg` is) instead of importing a particular env. A task provides:
 
-- its env config dataclass and `make_env(cfg)`, returning a batched rsl_rl-style VecEnv (`num_envs`, `num_actions`,
-  `max_episode_length`, `episode_length_buf`, `device`, `cfg`, `action_space`, `get_observations()`, `step()`, `reset()`,
-  `state_dict()` / `load_state_dict()`) whose observations are a TensorDict with any of the groups in `OBS_GROUPS`;
+- its env config dataclass and `make_env(cfg)`, returning a batched rsl_rl-style VecEnv (`num_envs`,
+  `num_actions`, `max_episode_length`, `episode_length_buf`, `device`, `cfg`, `action_space`, `get_observations()`,
+  `step()`, `reset()`, `state_dict()` / `load_state_dict()`) whose observations are a TensorDict with any of the
+  groups in `OBS_GROUPS`;
 - `factor_names`, the randomized world in the order of the `env_factors` group;
 - the named **estimate targets** the history encoder learns online (`EstimateSpec`) and `estimate_targets(env)`,
   their per-env ground truth at the current step (DAgger's labels);
@@ -183,6 +184,10 @@ class Task:
     make_eval_env: Callable[[Any, Any], Any]
     evaluate: Callable[..., dict[str, float]]
     primary_metric: str
+    previous_action_dim: int = 0
+    """leading columns of the `proprio` group holding the previous action: what a student reads besides the camera"""
+    factor_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """physical range of each factor that maps linearly onto [-1, 1] in `env_factors`"""
     latency_classes: Callable[[Any], dict[str, int]] = lambda cfg: {}
     """classes of each latency estimate (physics substeps, 0 to the most the config can draw) for an env config"""
     dt_physics: Callable[[Any], float] = lambda cfg: 1.0
@@ -191,6 +196,11 @@ class Task:
     """files an export writes beside the model for an action spec and env config (racing: model_metadata.json)"""
     reality_env_config: Callable[[Any, Any], Any] | None = None
     description: str = ""
+
+    def normalized_factor(self, name: str, value: float) -> float:
+        """A factor's physical value as it reads in `env_factors`."""
+        lo, hi = self.factor_bounds[name]
+        return 2.0 * (value - lo) / (hi - lo) - 1.0
 
     def check_groups(self, env: Any, needed: tuple[str, ...], consumer: str) -> None:
         """Refuse an env that lacks an observation group a consumer reads, naming the group."""

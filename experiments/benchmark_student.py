@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.table import Table
 
 from adaptation.history_encoder import HistoryConfig
-from adaptation.losses import TARGET_COLUMNS
 from envs.augment import AugmentConfig, augment
 from envs.config_io import write_text_atomic
 from envs.errors import ConfigError, check_range
+from envs.task import get_task
+from envs.vehicle import VEHICLE_ESTIMATES
 from experiments.benchmark import machine
 from experiments.cli import run
 from student.dagger import DaggerConfig, train_step
@@ -38,7 +39,9 @@ VARIANTS: dict[str, StudentConfig] = {
     "gru-history": StudentConfig(history=HistoryConfig(kind="gru")),
 }
 """student architectures to time"""
-SPEC = OutputSpec("discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
+SPEC = OutputSpec(
+    "discrete", 10, 8, get_task("racing").estimates, {"action_latency": 7, "camera_latency": 5}, 2, "racing"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def synthetic_batch(cfg: StudentConfig, dagger: DaggerConfig, rng: np.random.Gen
         "prev_action": rng.uniform(-1, 1, size=(b, t, 2)).astype(np.float32),
         "teacher_logits": rng.normal(size=(b, t, SPEC.num_outputs)).astype(np.float32),
         "z": rng.uniform(-1, 1, size=(b, t, SPEC.latent_dim)).astype(np.float32),
-        "targets": np.abs(rng.normal(1.0, 0.2, size=(b, t, len(TARGET_COLUMNS)))).astype(np.float32) * 0.05,
+        "targets": np.abs(rng.normal(1.0, 0.2, size=(b, t, len(VEHICLE_ESTIMATES.targets)))).astype(np.float32) * 0.05,
         "mask": np.ones((b, t), dtype=bool),
     }
 

@@ -22,17 +22,16 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
-from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig, completion_by_factor, failures_by_section
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
-from experiments.transfer import NOMINAL, Evaluator
-from student.loaded import STUDENT_KIND, load_student
-from teacher.policy import TEACHER_KIND, load_teacher
+from student.policies import load_policy
+from student.transfer import NOMINAL, evaluate_one
 
 
 @dataclass(frozen=True)
@@ -71,27 +70,10 @@ class EvaluateConfig:
         check_range("max_speed_percent", self.max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
 
 
-def load_policy(path: str, max_speed_percent: float | None = None):
-    """Any saved policy -> an object with `.act(obs)`, `.env_cfg`, `.check_env(env)` (and `.reset(dones)` if it has
-    recurrent state). `max_speed_percent` puts the car's maximum-speed setting into its env config, so every
-    evaluation env built from it drives the car at that setting."""
-    data = load_checkpoint(path)
-    kind = data.get("kind")
-    if kind == TEACHER_KIND:
-        policy = load_teacher(path)
-    elif kind == STUDENT_KIND:
-        policy = load_student(path)
-    else:
-        raise CheckpointError(f"{path}: unknown policy kind {kind!r}")
-    if max_speed_percent is not None:
-        policy.env_cfg = replace(policy.env_cfg, max_speed_percent=max_speed_percent)
-    return policy
-
-
 def main(cfg: EvaluateConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required")
-    console = Console()
+    console = make_console()
     policy = load_policy(cfg.checkpoint, cfg.max_speed_percent)
     sim = policy.env_cfg
     if cfg.physics:
@@ -116,10 +98,12 @@ def main(cfg: EvaluateConfig) -> dict:
     for col in ("world", "track", "laps (fwd / rev)", "95% CI", "lap time (s)", "lap / optimal", "progress",
                 "off-track"):  # fmt: skip
         table.add_column(col)
+    names: dict[str, str] = {}  # a track file is named by its stem in tables and plots (eval.json keeps the path)
     for world, base in worlds.items():
         label = f"{world} ({base.physics}/{base.camera})"
         for track in cfg.tracks or (base.track,):
             metrics, records, env = evaluate_one(policy, replace(base, track=track), cfg.eval)
+            name = names[track] = env.track.name
             entry = {
                 "metrics": metrics,
                 "optimal_lap_time": env.optimal_lap_time,
@@ -131,34 +115,33 @@ def main(cfg: EvaluateConfig) -> dict:
             if world == next(iter(worlds)):
                 results["tracks"][track] = entry
             table.add_row(
-                label, track, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
+                label, name, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
                 f"[{metrics['lap_completion_ci_low']:.2f}, {metrics['lap_completion_ci_high']:.2f}]",
                 f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{metrics['progress']:.2f}",
                 f"{int(metrics['offtrack_count'])}",
             )  # fmt: skip
             plot_trajectories(
-                env.track, [r.path for r in records], out / f"trajectories_{world}_{track.replace('/', '_')}.png",
+                env.track, [r.path for r in records], out / f"trajectories_{world}_{name}.png",
                 colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in records],
-                title=f"{world}, {track}: {metrics['lap_completion']:.0%} laps (blue forward, orange reverse)",
+                title=f"{world}, {name}: {metrics['lap_completion']:.0%} laps (blue forward, orange reverse)",
             )  # fmt: skip
             env.close()
     console.print(table)
     for world, tracks in results["worlds"].items():
         for track, entry in tracks.items():
+            where = f"{world}, {names[track]}"
             if entry["by_factor"]:
-                console.print(factor_table(entry["by_factor"], f"{world}, {track}: lap completion by world factor"))
-            where = failure_line(entry["failures_by_section"])
-            if where:
-                console.print(
-                    f"{world}, {track}: failed episodes ended at (tenths of the lap from the start line) {where}"
-                )
+                console.print(factor_table(entry["by_factor"], f"{where}: lap completion by world factor"))
+            ended = failure_line(entry["failures_by_section"])
+            if ended:
+                console.print(f"{where}: failed episodes ended at (tenths of the lap from the start line) {ended}")
     if "sim" in worlds and "proxy" in worlds:
         for track in results["worlds"]["proxy"]:
             s_sim = results["worlds"]["sim"][track]["metrics"]["score"]
             s_proxy = results["worlds"]["proxy"][track]["metrics"]["score"]
             results["worlds"].setdefault("gap", {})[track] = s_sim - s_proxy
             console.print(
-                f"{track}: sim-to-proxy gap {s_sim - s_proxy:+.3f} (score: sim {s_sim:.3f}, proxy {s_proxy:.3f})"
+                f"{names[track]}: sim-to-proxy gap {s_sim - s_proxy:+.3f} (score: sim {s_sim:.3f}, proxy {s_proxy:.3f})"
             )
     if cfg.estimation and "sim" in worlds and hasattr(policy, "model") and policy.model.history is not None:
         results["estimation"] = online_estimation_report(policy.model, worlds["sim"], console, cfg.estimation_envs)
@@ -198,20 +181,9 @@ def factor_table(by_factor: dict[str, list[dict[str, float]]], title: str) -> Ta
     return table
 
 
-def evaluate_one(policy, env_cfg, eval_cfg: EvalConfig):
-    """Metrics (with the score), episode records and the env (for plots; the caller closes it)."""
-    evaluator = Evaluator(env_cfg, eval_cfg)
-    try:
-        metrics, records = evaluator(policy)
-    except BaseException:
-        evaluator.close()
-        raise
-    return metrics, records, evaluator.env
-
-
 def online_estimation_report(model, env_cfg, console: Console, num_envs: int = 128) -> dict:
     """Estimate quality by time since reset, and friction / latency shifts halfway through an episode."""
-    from adaptation.evaluation import estimation_by_time, shift_test
+    from student.estimation import estimation_by_time, shift_test
 
     by_time = estimation_by_time(model, env_cfg, num_envs=num_envs)
     table = Table(title="online estimation by time since reset")

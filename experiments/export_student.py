@@ -26,6 +26,7 @@ from student.export import (
     export_stateful,
     export_stateless,
     odometry_info,
+    output_names,
     write_json,
 )
 from student.loaded import load_student
@@ -83,8 +84,7 @@ def main(cfg: ExportConfig) -> dict:
     write_json(out / "model_metadata.json", space.to_metadata())
     write_json(out / "export.json", {
         "history_shape": history_shape, "stateless_frames": frames, "control_hz": student.env_cfg.control_hz,
-        "outputs": ["action_logits", "history_out", "z_hat", "action_latency_probs", "camera_latency_probs",
-                    "estimates"],
+        "outputs": output_names(student.model),
         "checkpoint": str(cfg.checkpoint), "git_sha": git_sha(), "wandb_run": cfg.wandb_run,
         **odometry_info(model, student.env_cfg),
     })  # fmt: skip

@@ -184,16 +184,15 @@ def train_step(
         # The factor estimator's outputs train where its longer context lies in the window (they are fitted on
         # whole episodes after the last round).
         fmask = loss_mask(mask, model.cfg.estimates_context) if model.estimator is not None else None
+        spec = model.spec.estimates
+        weights = {"speed": cfg.speed_weight} if "speed" in spec.regressions else {}
         ad = adaptation_losses(
-            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, fmask,
-            estimate_weights={"speed": cfg.speed_weight},
+            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, spec,
+            fmask, estimate_weights=weights,
         )  # fmt: skip
-        total = (
-            total
-            + cfg.z_weight * ad["z"]
-            + cfg.latency_weight * (ad["action_latency"] + ad["camera_latency"])
-            + cfg.estimate_weight * ad["estimates"]
-        )
+        total = total + cfg.z_weight * ad["z"] + cfg.latency_weight * sum(ad[name] for name in spec.latencies)
+        if "estimates" in ad:
+            total = total + cfg.estimate_weight * ad["estimates"]
         terms.update({f"{k}": v for k, v in ad.items()})
     optimizer.zero_grad(set_to_none=True)
     total.backward()

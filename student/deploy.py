@@ -4,7 +4,8 @@ The runtime reads only ONNX / OpenVINO IR / JSON from an export folder (nothing 
 owns the recurrent state, preprocesses frames exactly like the car (OpenCV resize to 160x120, BGR -> gray), runs ONNX
 Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator reads it), maps the chosen
 action through the calibration table, and holds the control rate: a frame that arrives late repeats the last safe
-command, a camera that stops delivering stops the car.
+command, a camera that stops delivering stops the car, and so does a loop that itself stalls (a control period past
+`stale_after`); shorter overruns of the control period are counted and logged.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class StudentRuntime:
         import torch
 
         from adaptation.odometry import OdometryTracker, PlanarOdometry
-        from envs.racing.camera import CameraConfig
+        from envs.camera_model import CameraConfig
 
         try:
             odo = self.info["odometry"]
@@ -223,9 +224,39 @@ class LoopConfig:
     late_after: float = 1.5
     """a frame older than this many periods is late: repeat the last safe command"""
     stale_after: float = 0.5
-    """seconds without a frame after which the car stops"""
+    """seconds without a frame, or between two commands, after which the car stops"""
+    overrun_tolerance: float = 0.25
+    """a loop period longer than (1 + this) control periods is an overrun: counted and logged"""
     max_steps: int = 0
     """stop after this many steps (0 = until the source ends)"""
+
+    def __post_init__(self) -> None:
+        check_range("loop.overrun_tolerance", self.overrun_tolerance, 0.0, 10.0)
+
+
+class PeriodWatch:
+    """The watchdog on the loop itself: the time between two commands sent to the car. A period past `stale_after`
+    is a stall (the car drove that long on one command) and stops the car; a shorter one past the tolerance is an
+    overrun, counted and logged. Stalls count as overruns too."""
+
+    def __init__(self, cfg: LoopConfig, start: float, counts: dict, log=None) -> None:
+        self.period, self.cfg, self.last_sent, self.counts, self.log = 1.0 / cfg.rate_hz, cfg, start, counts, log
+        counts.update({"overruns": 0, "stalls": 0, "max_period_ms": 0.0})
+
+    def stalled(self, now: float) -> bool:
+        """Account for a command about to be sent at `now`; True when the loop stalled and the car must stop."""
+        gap, self.last_sent = now - self.last_sent, now
+        self.counts["max_period_ms"] = max(self.counts["max_period_ms"], round(1000.0 * gap, 1))
+        if gap <= (1.0 + self.cfg.overrun_tolerance) * self.period:
+            return False
+        self.counts["overruns"] += 1
+        stall = gap > self.cfg.stale_after
+        self.counts["stalls"] += int(stall)
+        if self.log is not None:
+            what = "loop stalled: car stopped" if stall else "loop overrun"
+            ms, period_ms = 1000.0 * gap, 1000.0 * self.period
+            self.log.event(now, f"{what}: {ms:.0f} ms since the last command (control period {period_ms:.0f} ms)")
+        return stall
 
 
 def drive(
@@ -236,12 +267,14 @@ def drive(
     log=None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, int]:
-    """The 15 Hz loop with its watchdog; returns counts of steps, late frames, repeats and safe stops."""
+) -> dict[str, float]:
+    """The 15 Hz loop with its watchdogs (camera and loop period); returns counts of steps, late frames (repeats),
+    safe stops, loop overruns and stalls, and the longest period between two commands."""
     period = 1.0 / cfg.rate_hz
     last_frame_time = clock()
     last_cmd = Command(0.0, 0.0, -1, safe_stop=True)
     counts = {"steps": 0, "late": 0, "stopped": 0}
+    watch = PeriodWatch(cfg, last_frame_time, counts, log)
     next_tick = clock()
     while cfg.max_steps == 0 or counts["steps"] < cfg.max_steps:
         item = source.read()
@@ -267,6 +300,10 @@ def drive(
             cmd = runtime.command(outputs)
             if log is not None:
                 log.inference_ms = 1000.0 * (clock() - t0)
+        if watch.stalled(clock()):
+            actuate(Command(0.0, 0.0, -1, safe_stop=True))
+            counts["stopped"] += 1
+            break
         actuate(cmd)
         last_cmd = cmd
         if log is not None:

@@ -14,7 +14,6 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from adaptation.estimator_fit import episode_inputs, fit_estimator
-from adaptation.evaluation import estimate_targets
 from adaptation.simulated_worlds import simulated_worlds
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import (
@@ -29,9 +28,7 @@ from datasets.rollouts import (
 from datasets.staging import EpisodeStager
 from envs.augment import AugmentConfig, augment
 from envs.config_io import to_yaml
-from envs.racing.config import EnvConfig
-from envs.racing.env import RacingEnv
-from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
+from envs.task import Task, task_of_config
 from student.dagger import (
     DaggerConfig,
     choose_actions,
@@ -40,36 +37,36 @@ from student.dagger import (
     train_step,
     use_bf16,
 )
-from student.loaded import STUDENT_KIND
+from student.loaded import FORMAT_VERSION, STUDENT_KIND, checkpoint_spec
 from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
 from teacher.policy import TeacherPolicy
 
 LogFn = Callable[[dict[str, float], int], None]
 
 
-def output_spec(env: RacingEnv, teacher: TeacherPolicy) -> OutputSpec:
+def output_spec(task: Task, env, teacher: TeacherPolicy) -> OutputSpec:
+    """What a student distilled from `teacher` in `env` of `task` reads and predicts."""
     space = env.action_space
-    rnd = env.cfg.randomization
-    max_act = rnd.action_latency_ms[1] if rnd.action_latency else rnd.nominal_action_latency_ms
-    max_cam = rnd.camera_latency_ms[1] if rnd.camera_latency else rnd.nominal_camera_latency_ms
-    to_classes = lambda ms: int(round(ms / 1000.0 / env.cfg.dt_physics)) + 1  # noqa: E731
     return OutputSpec(
         kind=space.kind,
-        num_outputs=space.num_choices if space.kind == "discrete" else 2,
+        num_outputs=space.num_outputs,
         latent_dim=teacher.actor.factor_encoder.latent_dim,
-        action_latency_classes=to_classes(max_act),
-        camera_latency_classes=to_classes(max_cam),
+        estimates=task.estimates,
+        latency_classes=task.latency_classes(env.cfg),
+        proprio_dim=task.previous_action_dim,
+        task=task.name,
     )
 
 
-def collection_env_config(env_cfg: EnvConfig, dagger: DaggerConfig) -> EnvConfig:
+def collection_env_config(env_cfg, dagger: DaggerConfig):
     """The camera env the student drives in: one episode per env and round at most."""
     seconds = dagger.steps_per_round / env_cfg.control_hz
     term = replace(env_cfg.termination, episode_seconds=seconds, laps=0)
-    return replace(env_cfg, num_envs=dagger.envs, camera="projective", termination=term)
+    camera = "projective" if env_cfg.camera == "none" else env_cfg.camera
+    return replace(env_cfg, num_envs=dagger.envs, camera=camera, termination=term)
 
 
-def collection_world(env_cfg: EnvConfig, dagger: DaggerConfig) -> EnvConfig:
+def collection_world(env_cfg, dagger: DaggerConfig):
     """`env_cfg` as the collection env draws its worlds: dynamics re-drawn every `dagger.redraw_seconds` of an
     episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged).
     Only the collection env gets it: the run's saved world, its evaluations and its checkpoints' world stay the
@@ -86,11 +83,11 @@ class Distiller:
     def __init__(
         self,
         teacher: TeacherPolicy,
-        env_cfg: EnvConfig,
+        env_cfg,
         student_cfg: StudentConfig,
         dagger_cfg: DaggerConfig,
         augment_cfg: AugmentConfig,
-        eval_cfg: EvalConfig,
+        eval_cfg,
         run_dir: str | Path,
         teacher_path: str = "",
         log: LogFn | None = None,
@@ -99,19 +96,22 @@ class Distiller:
         self.eval_cfg, self.run_dir, self.teacher_path = eval_cfg, Path(run_dir), teacher_path
         self.log = log or (lambda metrics, step: None)
         torch.manual_seed(dagger_cfg.seed)
+        self.task = task_of_config(env_cfg)
         self.env_cfg = collection_env_config(env_cfg, dagger_cfg)
-        self.env = RacingEnv(collection_world(self.env_cfg, dagger_cfg))
+        self.env = self.task.make_env(collection_world(self.env_cfg, dagger_cfg))
         teacher.check_env(self.env)
-        self.spec = output_spec(self.env, teacher)
+        self.task.check_groups(self.env, ("camera", "proprio"), "the student")
+        self.spec = output_spec(self.task, self.env, teacher)
         self.model = StudentModel(student_cfg, self.spec)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
         self.policy = StudentPolicy(self.model, dagger_cfg.envs)
-        self.eval_env = RacingEnv(
-            evaluation_env_config(replace(self.env_cfg, termination=env_cfg.termination), eval_cfg)
-        )
+        self.eval_env = self.task.make_eval_env(replace(self.env_cfg, termination=env_cfg.termination), eval_cfg)
         self.data_dir = self.run_dir / "data"
         obs = self.env.get_observations()
-        self.schema = rollout_schema(self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1])
+        self.schema = rollout_schema(
+            self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1], len(self.task.estimates.targets),
+            self.spec.proprio_dim, self.env.action_space.num_actions,
+        )  # fmt: skip
         self.round, self.episodes, self.samples = 0, 0, 0
         self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
         self.history: list[dict[str, float]] = []
@@ -143,14 +143,14 @@ class Distiller:
             )
             row = {
                 "camera": obs["camera"].cpu().numpy(),
-                "prev_action": obs["proprio"][:, :2].cpu().numpy(),
+                "prev_action": obs["proprio"][:, : self.spec.proprio_dim].cpu().numpy(),
                 "teacher_logits": teacher_logits.cpu().numpy(),
-                "teacher_action": teacher_action[:, :1].cpu().numpy(),
-                "student_action": student_action[:, :1].cpu().numpy(),
-                "executed_action": executed[:, :1].cpu().numpy(),
+                "teacher_action": teacher_action.cpu().numpy(),
+                "student_action": student_action.cpu().numpy(),
+                "executed_action": executed.cpu().numpy(),
                 "z": self.teacher.z(obs).cpu().numpy(),
                 "env_factors": obs["env_factors"].cpu().numpy(),
-                "targets": estimate_targets(env).cpu().numpy(),
+                "targets": self.task.estimate_targets(env).cpu().numpy(),
                 "episode": episode_ids.copy(),
                 "step": step_in_ep.astype(np.int32),
             }
@@ -160,7 +160,7 @@ class Distiller:
             row["truncated"] = extras["time_outs"].cpu().numpy()
             stager.add(row)
             used_student += float(by_student.float().mean())
-            agree += float((student_action == teacher_action).float().mean())
+            agree += float((student_action == teacher_action).all(-1).float().mean())
             done_ids = np.nonzero(dones.cpu().numpy())[0]
             if len(done_ids):
                 rows = stager.pop(done_ids)
@@ -199,7 +199,7 @@ class Distiller:
             for _ in range(cfg.train_steps):
                 batch = reader.sample(cfg.batch_windows, self.np_rng)
                 stats = train_step(
-                    self.model, self.optimizer, batch, cfg, self.env_cfg.dt_physics,
+                    self.model, self.optimizer, batch, cfg, self.task.dt_physics(self.env_cfg),
                     lambda x: augment(x, self.augment_cfg, self.aug_generator, compiled=True),
                 )  # fmt: skip
                 for k, v in stats.items():
@@ -228,8 +228,7 @@ class Distiller:
     # --------------------------------------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
         policy = StudentPolicy(self.model, self.eval_env.num_envs)
-        records = run_episodes(policy.act, self.eval_env, self.eval_cfg, reset=policy.reset)
-        return summarize(records, self.eval_env.optimal_lap_time)
+        return self.task.evaluate(policy.act, self.eval_env, self.eval_cfg, reset=policy.reset)
 
     # ---------------------------------------------------------------------------------------------- loop
     def run(self, show_progress: bool = True) -> dict[str, float]:
@@ -264,7 +263,8 @@ class Distiller:
                 self.wall_minutes = (time.time() - start) / 60.0
                 self.log(metrics, self.samples)
                 self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
-                status = f"laps {last['lap_completion']:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
+                primary = self.task.primary_metric
+                status = f"{primary} {last[primary]:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
                 progress.update(task, completed=self.round, status=status)
                 if out_of_time:  # decided before the estimator fit, so a run that stops has its estimator fitted
                     break
@@ -275,7 +275,8 @@ class Distiller:
     def checkpoint(self) -> dict[str, Any]:
         return {
             "kind": STUDENT_KIND,
-            "format_version": 1,
+            "format_version": FORMAT_VERSION,
+            "task": self.task.name,
             "round": self.round,
             "episodes": self.episodes,
             "samples": self.samples,
@@ -293,8 +294,8 @@ class Distiller:
             "dagger_yaml": to_yaml(self.cfg),
             "augment_yaml": to_yaml(self.augment_cfg),
             "env_yaml": to_yaml(self.env_cfg),
-            "output_spec": dict(self.spec.__dict__),
-            "action_space": json.dumps(self.env.action_space.to_metadata()),
+            "output_spec": self.spec.to_dict(),
+            "action_space": json.dumps(self.env.action_space.to_dict()),
             "manifest": json.dumps(read_manifest(self.data_dir)),
             "history": json.dumps(self.history),
             "estimator_fit": json.dumps(self.estimator_fit),
@@ -308,6 +309,11 @@ class Distiller:
     def resume(self, path: str | Path) -> None:
         """Continue after the checkpoint's round; a round interrupted later is redone from its start."""
         data = load_checkpoint(path, kind=STUDENT_KIND, required=("model", "optimizer", "round", "env_state"))
+        saved = checkpoint_spec(data, str(path))
+        if saved.task != self.task.name:
+            raise CheckpointError(
+                f"{path}: a student of task {saved.task!r}, this run distills task {self.task.name!r}"
+            )
         for key, mine in (("student_yaml", self.student_cfg), ("dagger_yaml", self.cfg), ("env_yaml", self.env_cfg)):
             if data.get(key) != to_yaml(mine):
                 raise CheckpointError(

@@ -22,8 +22,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import ESTIMATE_SCALE
 from student.model import StudentModel
 
 OPSET = 17
@@ -38,24 +36,17 @@ class StatefulGraph(nn.Module):
 
     def forward(self, camera: Tensor, prev_action: Tensor, history_in: Tensor, motion: Tensor | None = None):
         outputs, heads, history_out = self.model.step(camera * (1.0 / 255.0), prev_action, history_in, motion)
+        latencies = self.model.spec.estimates.latencies
         if not heads:
             zero = torch.zeros(camera.shape[0], 1)
-            return outputs, history_out, zero, zero, zero, zero
-        return (
-            outputs,
-            history_out,
-            heads["z_hat"],
-            torch.softmax(heads["action_latency_logits"], -1),
-            torch.softmax(heads["camera_latency_logits"], -1),
-            self.forward_estimates(heads),
-        )
+            return outputs, history_out, zero, *(zero for _ in latencies), zero
+        probs = [torch.softmax(heads[f"{name}_logits"], -1) for name in latencies]
+        return outputs, history_out, heads["z_hat"], *probs, self.forward_estimates(heads)
 
-    @staticmethod
-    def forward_estimates(heads: dict[str, Tensor]) -> Tensor:
-        """The `estimates` output: the heads' normalized estimates in physical units."""
-        scale = torch.tensor([ESTIMATE_SCALE[n][1] for n in ESTIMATES])
-        centre = torch.tensor([ESTIMATE_SCALE[n][0] for n in ESTIMATES])
-        return heads["estimates"] * scale + centre
+    def forward_estimates(self, heads: dict[str, Tensor]) -> Tensor:
+        """The `estimates` output: the heads' normalized estimates in physical units (the task's regressions)."""
+        spec = self.model.spec.estimates
+        return torch.stack(list(spec.denormalize(heads["estimates"]).values()), -1)
 
 
 class StatelessGraph(nn.Module):
@@ -73,7 +64,11 @@ class StatelessGraph(nn.Module):
         return torch.softmax(outputs[:, -1], -1)
 
 
-OUTPUT_NAMES = ["action_logits", "history_out", "z_hat", "action_latency_probs", "camera_latency_probs", "estimates"]
+def output_names(model: StudentModel) -> list[str]:
+    """The stateful graph's outputs: action logits (or means), the new state, z-hat, one class-probability output per
+    latency the task estimates (`{name}_probs`), and the regressed estimates in physical units."""
+    latencies = [f"{name}_probs" for name in model.spec.estimates.latencies]
+    return ["action_logits", "history_out", "z_hat", *latencies, "estimates"]
 
 
 def reads_odometry(model: StudentModel) -> bool:
@@ -86,12 +81,12 @@ def export_stateful(model: StudentModel, path: Path) -> Path:
     odometry and feeds it)."""
     graph = StatefulGraph(model)
     state = model.init_state(1)
-    dummy: tuple[Tensor, ...] = (torch.zeros(1, 1, 120, 160), torch.zeros(1, 2), state)
+    dummy: tuple[Tensor, ...] = (torch.zeros(1, 1, 120, 160), torch.zeros(1, model.spec.proprio_dim), state)
     names = ["camera", "prev_action", "history_in"]
     if reads_odometry(model):
         dummy, names = (*dummy, torch.zeros(1, 3)), [*names, "motion"]
     torch.onnx.export(
-        graph, dummy, str(path), input_names=names, output_names=OUTPUT_NAMES,
+        graph, dummy, str(path), input_names=names, output_names=output_names(model),
         opset_version=OPSET, dynamo=False, external_data=False,
     )  # fmt: skip
     return path
@@ -167,14 +162,14 @@ def closed_loop_parity(model: StudentModel, folder: Path, env, steps: int = 200,
     max_diff, agree, est_diff = 0.0, 0, 0.0
     with torch.no_grad():
         for _ in range(steps):
-            cam, prev = obs["camera"][:1], obs["proprio"][:1, :2]
+            cam, prev = obs["camera"][:1], obs["proprio"][:1, : model.spec.proprio_dim]
             runtime.prev_action = prev.numpy().astype("float32")
             result = runtime.infer(cam.float().numpy())
             exported = result["action_logits"]
             motion = None if runtime.last_motion is None else torch.from_numpy(runtime.last_motion)
             out, heads, state = model.step(cam, prev, state, motion)  # the odometry's motion, as the car measured it
             if heads:
-                est = StatefulGraph.forward_estimates(heads)
+                est = StatefulGraph(model).forward_estimates(heads)
                 est_diff = max(est_diff, float(abs(result["estimates"] - est.numpy()).max()))
             max_diff = max(max_diff, float(abs(exported - out.numpy()).max()))
             agree += int(exported.argmax() == out.argmax().item())

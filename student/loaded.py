@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
-from adaptation.factor_estimator import INPUT_DIM
-from adaptation.history_encoder import ESTIMATES
 from datasets.checkpoints import CheckpointError, load_checkpoint
 from envs.config_io import from_yaml
-from envs.racing.car import ActionSpace
-from envs.racing.config import EnvConfig
+from envs.task import ActionSpec, Task, TaskMismatchError, get_task, task_of_config
 from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
 
 STUDENT_KIND = "gapbridge.student"
+FORMAT_VERSION = 2
+"""2: the checkpoint names its task and its output spec holds the estimate spec; version 1: racing, before tasks"""
 
 
 class LoadedStudent:
     """Batched stateful driver (`act`, `reset`) plus what it was trained with."""
 
-    def __init__(self, model: StudentModel, action_space: ActionSpace, env_cfg: EnvConfig, source: str) -> None:
-        self.model, self.action_space, self.env_cfg, self.source = model.eval(), action_space, env_cfg, source
+    def __init__(self, model: StudentModel, task: Task, action_space: ActionSpec, env_cfg, source: str) -> None:
+        self.model, self.task, self.action_space, self.env_cfg = model.eval(), task, action_space, env_cfg
+        self.source = source
         self._policy: StudentPolicy | None = None
 
     def _batch(self, n: int) -> StudentPolicy:
@@ -41,9 +40,16 @@ class LoadedStudent:
         return self._policy.last_heads if self._policy else {}
 
     def check_env(self, env) -> None:
+        env_task = task_of_config(env.cfg)
+        if env_task.name != self.task.name:
+            raise TaskMismatchError(
+                f"{self.source}: a student of task {self.task.name!r}, the env is of task {env_task.name!r}"
+            )
         obs = env.get_observations()
         if "camera" not in obs.keys():
-            raise CheckpointError(f"{self.source}: the student needs a camera env (env.camera projective or genesis)")
+            raise CheckpointError(
+                f"{self.source}: the student reads the observation group 'camera', which this env does not offer"
+            )
         if tuple(obs["camera"].shape[1:]) != (1, 120, 160):
             raise CheckpointError(
                 f"{self.source}: camera frames {tuple(obs['camera'].shape[1:])}, expected (1, 120, 160)"
@@ -51,32 +57,41 @@ class LoadedStudent:
         if env.action_space != self.action_space:
             raise CheckpointError(
                 f"{self.source}: action space mismatch (student {self.action_space.kind} "
-                f"{list(self.action_space.choices)[:3]}..., env {env.action_space.kind})"
+                f"{str(self.action_space.to_dict())[:80]}..., env {env.action_space.kind} "
+                f"{str(env.action_space.to_dict())[:80]}...)"
             )
+
+
+def checkpoint_spec(data: dict, source: str) -> OutputSpec:
+    """A student checkpoint's output spec. Version-1 files predate tasks: they are racing students whose spec held the
+    two latency class counts alone, and whose history encoders named their latency heads after them."""
+    version = int(data.get("format_version", 1))
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{source}: format version {version} is newer than this version reads ({FORMAT_VERSION})")
+    spec = data["output_spec"]
+    if version == 1:
+        task = get_task("racing")
+        classes = {"action_latency": spec["action_latency_classes"], "camera_latency": spec["camera_latency_classes"]}
+        old = {"history.act_latency_head.": "history.latency_heads.action_latency.",
+               "history.cam_latency_head.": "history.latency_heads.camera_latency."}  # fmt: skip
+        for key in list(data["model"]):
+            for before, after in old.items():
+                if key.startswith(before):
+                    data["model"][after + key[len(before) :]] = data["model"].pop(key)
+        return OutputSpec(spec["kind"], spec["num_outputs"], spec["latent_dim"], task.estimates, classes, 2, "racing")
+    return OutputSpec.from_dict(spec)
 
 
 def load_student(path: str | Path) -> LoadedStudent:
     data = load_checkpoint(path, kind=STUDENT_KIND, required=("model", "student_yaml", "env_yaml", "output_spec"))
     cfg = from_yaml(StudentConfig, data["student_yaml"], "student")
-    if cfg.has_estimator and not any(k.startswith("estimator.") for k in data["model"]):
-        # distilled before the factor estimator existed: its history encoder's own heads estimate the factors
-        cfg = replace(cfg, estimator=replace(cfg.estimator, kind="none"))
-    inp = data["model"].get("estimator.inp.weight")
-    if inp is not None and inp.shape[1] == INPUT_DIM and cfg.estimator.features != "raw":
-        # distilled before the estimator read the physics features: it reads its five raw inputs
-        cfg = replace(cfg, estimator=replace(cfg.estimator, features="raw"))
-    spec = OutputSpec(**data["output_spec"])
+    spec = checkpoint_spec(data, str(path))
+    task = get_task(spec.task)
     model = StudentModel(cfg, spec)
-    head = data["model"].get("history.estimate_head.weight")
-    if head is not None and head.shape[0] != len(ESTIMATES):
-        raise CheckpointError(
-            f"{path}: the student estimates {head.shape[0]} quantities, this version {len(ESTIMATES)} "
-            f"({', '.join(ESTIMATES)}); it was distilled by an older version: distill it again"
-        )
     try:
         model.load_state_dict(data["model"])
     except RuntimeError as err:
         raise CheckpointError(f"{path}: weights do not match the saved student config ({str(err)[:300]})") from None
-    env_cfg = from_yaml(EnvConfig, data["env_yaml"], "env")
-    space = ActionSpace.from_metadata(json.loads(data["action_space"]), source=f"{path} (action space)")
-    return LoadedStudent(model, space, env_cfg, str(path))
+    env_cfg = from_yaml(task.config_cls, data["env_yaml"], "env")
+    space = task.action_spec_from_dict(json.loads(data["action_space"]))
+    return LoadedStudent(model, task, space, env_cfg, str(path))

@@ -16,8 +16,9 @@ from torch import Tensor, nn
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
 from adaptation.odometry import OdometryTracker, PlanarOdometry
-from envs.errors import check_range
-from envs.racing.camera import CameraConfig
+from envs.camera_model import CameraConfig
+from envs.errors import ConfigError, check_range
+from envs.task import EstimateSpec
 from student.networks import EncoderConfig, ImageEncoder, PolicyHead, scale_frames
 
 
@@ -67,13 +68,36 @@ class StudentConfig:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """What the student predicts, fixed by the teacher and env it is distilled from."""
+    """What the student reads and predicts, fixed by the task, teacher and env it is distilled from."""
 
     kind: str  # discrete | continuous
     num_outputs: int  # logits (discrete) or action means (continuous)
     latent_dim: int
-    action_latency_classes: int
-    camera_latency_classes: int
+    estimates: EstimateSpec
+    latency_classes: dict[str, int]
+    """classes (physics substeps) of each latency estimate, in `estimates.latencies` order"""
+    proprio_dim: int = 2
+    """leading columns of the `proprio` group the student reads (its previous action)"""
+    task: str = "racing"
+
+    def __post_init__(self) -> None:
+        if list(self.latency_classes) != list(self.estimates.latencies):
+            raise ValueError(f"latency classes {list(self.latency_classes)} != latencies {self.estimates.latencies}")
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind, "num_outputs": self.num_outputs, "latent_dim": self.latent_dim,
+            "estimates": self.estimates.to_dict(), "latency_classes": dict(self.latency_classes),
+            "proprio_dim": self.proprio_dim, "task": self.task,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OutputSpec:
+        return cls(
+            str(data["kind"]), int(data["num_outputs"]), int(data["latent_dim"]),
+            EstimateSpec.from_dict(data["estimates"]), {k: int(v) for k, v in data["latency_classes"].items()},
+            int(data["proprio_dim"]), str(data["task"]),
+        )  # fmt: skip
 
 
 def previous_frames(camera: Tensor, mask: Tensor) -> Tensor:
@@ -92,20 +116,25 @@ class StudentModel(nn.Module):
         super().__init__()
         self.cfg, self.spec = cfg, spec
         self.encoder = ImageEncoder(cfg.encoder, self.image_hw)
-        e = cfg.encoder.embed_dim
+        e, p = cfg.encoder.embed_dim, spec.proprio_dim
         if cfg.history.kind == "none":
             self.history = None
-            head_in = e + 2
+            head_in = e + p
         else:
             self.history = HistoryEncoder(
-                cfg.history, e, spec.latent_dim, spec.action_latency_classes, spec.camera_latency_classes
+                cfg.history, e, spec.latent_dim, spec.latency_classes, len(spec.estimates.regressions), p
             )
-            head_in = e + self.history.out_dim + 2
-        self.estimator = (
-            FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
-            if cfg.has_estimator
-            else None
-        )
+            head_in = e + self.history.out_dim + p
+        self.estimator = None
+        if cfg.has_estimator:
+            classes = spec.latency_classes
+            if set(classes) != {"action_latency", "camera_latency"}:
+                raise ConfigError(
+                    f"student.estimator: the factor estimator is a vehicle's (action and camera latency, friction, "
+                    f"motor gain); task {spec.task!r} estimates {spec.estimates.targets}: use --student.estimator.kind "
+                    "none"
+                )
+            self.estimator = FactorEstimator(cfg.estimator, classes["action_latency"], classes["camera_latency"])
         self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
 
     def forward_window(
@@ -228,7 +257,7 @@ class StudentModel(nn.Module):
         """Deterministic actions: the most likely index `(…, 1)` or the clamped mean `(…, 2)`."""
         if self.spec.kind == "discrete":
             return outputs.argmax(-1, keepdim=True).float()
-        return outputs.clamp(-1.0, 1.0)
+        return outputs.clamp(-1.0, 1.0)  # a box policy's means, in the box [-1, 1] its env maps onto the commands
 
 
 class StudentPolicy:
@@ -264,7 +293,8 @@ class StudentPolicy:
         motion = None
         if self.tracker is not None:
             motion = self.tracker.estimator_inputs(obs["camera"].to(self.device))
-        outputs, heads, self.state = self.model.step(obs["camera"], obs["proprio"][:, :2], self.state, motion)
+        proprio = obs["proprio"][:, : self.model.spec.proprio_dim]
+        outputs, heads, self.state = self.model.step(obs["camera"], proprio, self.state, motion)
         self.model.train(was_training)
         self.last_outputs, self.last_heads = outputs, heads
         return self.model.actions(outputs)

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
 from envs.genesis_import import import_genesis
-from envs.racing.camera import CameraConfig
 from envs.racing.physics_genesis import GenesisConfig, init_genesis
 from envs.racing.randomization import VisualSample
 from envs.racing.track_texture import TrackScene

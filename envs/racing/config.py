@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from envs.camera_model import CameraConfig
 from envs.errors import ConfigError, check_range
-from envs.racing.camera import CameraConfig
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE, CarSpec
 from envs.racing.effects import EffectsConfig
 from envs.racing.physics_genesis import GenesisConfig

@@ -116,3 +116,17 @@ class PurePursuitDriver:
             table[None, :, 1] + 100.0 * (steer_ok & speed_ok) - 1000.0 * ~steer_ok - table[None, :, 1] * 2 * ~speed_ok
         )
         return score.argmax(dim=1, keepdim=True).float()
+
+
+def pure_pursuit_cars(env_cfg, envs: int, seed: int = 0, cfg: PurePursuitConfig | None = None):
+    """`envs` cars of `env_cfg`'s camera world (the ray-cast camera, eager kernels, seeded) and the pure-pursuit
+    driver for them: the drive on which odometry's errors are measured."""
+    from dataclasses import replace
+
+    from envs.racing.env import RacingEnv
+
+    env = RacingEnv(replace(env_cfg, num_envs=envs, camera="projective", compile=False, seed=seed))
+    driver = PurePursuitDriver(
+        env.action_space, env.cfg.car, env.cfg.obs.lookahead_points, env.cfg.obs.lookahead_spacing, cfg
+    )
+    return env, driver

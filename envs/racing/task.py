@@ -19,23 +19,12 @@ from envs.racing.car import ActionSpace
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
-from envs.racing.randomization import FACTOR_NAMES
+from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
 from envs.racing.reality import reality_env_config
-from envs.task import EstimateSpec, Task, register_task
+from envs.task import Task, register_task
+from envs.vehicle import VEHICLE_ESTIMATES
 
-ESTIMATES = EstimateSpec(
-    latencies=("action_latency", "camera_latency"),
-    regressions=("friction", "motor_gain", "speed", "lateral_speed", "yaw_rate"),
-    scale={
-        "friction": (1.0, 0.3),
-        "motor_gain": (1.0, 0.15),
-        "speed": (2.0, 1.5),
-        "lateral_speed": (0.0, 0.08),
-        "yaw_rate": (0.0, 1.5),
-    },
-    factors=("friction", "motor_gain"),
-)
-"""latencies in seconds, speeds in m/s, yaw rate in rad/s; (centre, scale) normalize each regressed estimate"""
+ESTIMATES = VEHICLE_ESTIMATES
 
 
 def estimate_targets(env: RacingEnv) -> Tensor:
@@ -85,6 +74,8 @@ TASK = register_task(
         config_cls=EnvConfig,
         make_env=RacingEnv,
         factor_names=tuple(FACTOR_NAMES),
+        factor_bounds=FACTOR_BOUNDS,
+        previous_action_dim=2,
         estimates=ESTIMATES,
         estimate_targets=estimate_targets,
         action_spec_from_dict=action_spec_from_dict,

@@ -19,16 +19,17 @@ from adaptation.estimator_fit import (
 )
 from adaptation.evaluation import r2_interval, seconds_to_follow, world_ids
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
-from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS, r2_score
+from adaptation.losses import r2_score
 from datasets.checkpoints import save_atomic
 from envs.config_io import to_yaml
 from envs.racing.car import discrete_grid
 from envs.racing.config import EnvConfig
+from envs.vehicle import VEHICLE_ESTIMATES
 from student.loaded import STUDENT_KIND, load_student
-from student.model import OutputSpec, StudentConfig, StudentModel
+from student.model import StudentConfig, StudentModel
+from tests.helpers import racing_spec
 
-SPEC = OutputSpec(kind="discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
+SPEC = racing_spec("discrete", 10, 8, 7, 5)
 
 
 def window_batch(t=50, b=2):
@@ -50,7 +51,7 @@ def test_estimator_losses_train_only_the_estimator_and_the_encoder_keeps_its_mot
     assert grads(model.estimator) and not grads(model.history) and not grads(model.encoder)
     model.zero_grad(set_to_none=True)
     _, heads = model.forward_window(cam, prev, mask)
-    speed, friction = ESTIMATES.index("speed"), ESTIMATES.index("friction")
+    speed, friction = VEHICLE_ESTIMATES.regressions.index("speed"), VEHICLE_ESTIMATES.regressions.index("friction")
     heads["estimates"][..., speed].sum().backward()
     assert grads(model.history) and not grads(model.estimator)
     model.zero_grad(set_to_none=True)
@@ -71,8 +72,8 @@ def test_estimator_learns_a_delay_it_can_see():
         delay = torch.randint(0, 4, (n,))
         idx = (torch.arange(t)[None] - delay[:, None]).clamp(min=0)
         yaw = steer.gather(1, idx) + 0.1 * torch.randn(n, t)
-        estimates = torch.zeros(n, t, len(ESTIMATES))
-        estimates[..., ESTIMATES.index("yaw_rate")] = yaw
+        estimates = torch.zeros(n, t, len(VEHICLE_ESTIMATES.regressions))
+        estimates[..., VEHICLE_ESTIMATES.regressions.index("yaw_rate")] = yaw
         prev = torch.stack([steer, torch.zeros_like(steer)], -1)
         return FactorEstimator.inputs(prev, estimates), delay
 
@@ -166,10 +167,10 @@ def synthetic_episodes(n_episodes=240, length=40, seed=0, delays=None):
         yaw = torch.cat([torch.zeros(delay), steer[: length - delay]]) + 0.05 * torch.randn(length, generator=g)
         x = torch.zeros(length, 5)
         x[:, 0], x[:, 4] = steer, yaw  # previous steering, yaw rate estimate
-        targets = torch.zeros(length, len(TARGET_COLUMNS))
+        targets = torch.zeros(length, len(VEHICLE_ESTIMATES.targets))
         targets[:, 0] = delay / 60.0
-        targets[:, TARGET_COLUMNS.index("friction")] = 1.0
-        targets[:, TARGET_COLUMNS.index("motor_gain")] = 1.0
+        targets[:, VEHICLE_ESTIMATES.column("friction")] = 1.0
+        targets[:, VEHICLE_ESTIMATES.column("motor_gain")] = 1.0
         rows.append((x, targets, torch.full((length,), e), torch.arange(length)))
     return EpisodeInputs(*(torch.cat([r[i] for r in rows]) for i in range(4)))
 
@@ -209,8 +210,8 @@ def test_motion_errors_recover_how_the_estimates_lean_on_truth_and_commands_and_
     data = synthetic_episodes(n_episodes=60, length=32)
     truth = torch.randn(len(data.episode), 3, generator=g)
     for i, name in enumerate(("speed", "lateral_speed", "yaw_rate")):
-        centre, scale = ESTIMATE_SCALE[name]
-        data.targets[:, TARGET_COLUMNS.index(name)] = truth[:, i] * scale + centre
+        centre, scale = VEHICLE_ESTIMATES.scale[name]
+        data.targets[:, VEHICLE_ESTIMATES.column(name)] = truth[:, i] * scale + centre
     data.inputs[:, 1] = torch.rand(len(data.episode), generator=g)  # the speed command
     lagged = torch.roll(data.inputs[:, 1], 2) * (data.step >= 2)  # two steps back, zero before the episode's start
     noise = 0.1 * torch.randn(len(data.episode), 3, generator=g)
@@ -320,9 +321,9 @@ def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, ste
 
     import adaptation.evaluation as evaluation
     from envs.racing.env import RacingEnv
+    from envs.racing.pure_pursuit import PurePursuitDriver
     from student.distiller import output_spec
     from student.model import StudentPolicy
-    from envs.racing.pure_pursuit import PurePursuitDriver
 
     env_cfg = EnvConfig(num_envs=num_envs, camera="projective", compile=False)
     env = RacingEnv(env_cfg)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
 from adaptation.motion_branch import RecordedFrames, cross_fit_motion, frame_pairs
+from envs.vehicle import VEHICLE_ESTIMATES
 
 
 def striped_episodes(n_episodes=24, length=12, seed=0):
@@ -21,9 +21,9 @@ def striped_episodes(n_episodes=24, length=12, seed=0):
         for t in range(length):
             img = 127.5 + 100 * torch.sin(2 * math.pi * (rows - phase - px * t) / 16.0).expand(60, 80)
             cams.append(img.round().to(torch.uint8)[None])
-            tg = torch.zeros(len(TARGET_COLUMNS))
-            centre, scale = ESTIMATE_SCALE["speed"]
-            tg[TARGET_COLUMNS.index("speed")] = centre + scale * (px - 2.0) / 2.0
+            tg = torch.zeros(len(VEHICLE_ESTIMATES.targets))
+            centre, scale = VEHICLE_ESTIMATES.scale["speed"]
+            tg[VEHICLE_ESTIMATES.column("speed")] = centre + scale * (px - 2.0) / 2.0
             targets.append(tg)
             episodes.append(e)
             steps.append(t)

@@ -8,13 +8,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from adaptation.losses import TARGET_COLUMNS
 from adaptation.observability import FEATURES, Recording, blind_factor, fit_r2, shard_recording, windows
 from datasets.rollouts import ShardWriter, add_shard, rollout_schema
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
 from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
+from envs.task import get_task
+from envs.vehicle import VEHICLE_ESTIMATES
 from experiments.observability import ObservabilityConfig, main
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.trainer import TeacherTrainer, TrainerConfig
@@ -60,13 +61,14 @@ def test_regressor_finds_a_real_signal_and_not_a_spurious_one():
 def test_the_blind_driver_sees_the_nominal_factor_and_the_env_keeps_the_truth():
     factors = torch.rand(4, len(FACTOR_NAMES)) * 2 - 1
     obs = TensorDict({"env_factors": factors.clone()}, batch_size=[4])
-    out = blind_factor(obs, "friction")
+    out = blind_factor(obs, "friction", get_task("racing"))
     col = FACTOR_NAMES.index("friction")
     assert torch.allclose(denormalize_factor("friction", out["env_factors"][:, col]), torch.ones(4))
     others = [i for i in range(len(FACTOR_NAMES)) if i != col]
     assert torch.equal(out["env_factors"][:, others], factors[:, others])
     assert torch.equal(obs["env_factors"], factors), "the env's observation is not modified"
-    latency = blind_factor(obs, "action_latency")["env_factors"][:, FACTOR_NAMES.index("action_latency")]
+    blinded = blind_factor(obs, "action_latency", get_task("racing"))
+    latency = blinded["env_factors"][:, FACTOR_NAMES.index("action_latency")]
     assert torch.allclose(denormalize_factor("action_latency", latency), torch.full((4,), 1 / 30))
 
 
@@ -115,7 +117,7 @@ def test_observability_script_on_a_tiny_teacher(tmp_path):
 
 
 def test_a_runs_shards_become_one_padded_row_per_episode(tmp_path):
-    schema = rollout_schema(num_choices=3, latent_dim=2, num_factors=2, image_hw=(4, 5))
+    schema = rollout_schema(num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, image_hw=(4, 5))
     writer = ShardWriter(tmp_path / "round_000.h5", schema)
     for ep, length, friction in ((5, 4, 0.8), (9, 2, 1.1)):
         rows = {k: np.zeros((length, *f.shape), dtype=f.dtype) for k, f in schema.items()}
@@ -124,7 +126,7 @@ def test_a_runs_shards_become_one_padded_row_per_episode(tmp_path):
         rows["prev_action"][:, 1] = np.arange(length) / 10
         cols = {"friction": friction, "speed": 2.0, "lateral_speed": 0.1, "yaw_rate": np.arange(length)}
         for name, value in cols.items():
-            rows["targets"][:, TARGET_COLUMNS.index(name)] = value
+            rows["targets"][:, VEHICLE_ESTIMATES.column(name)] = value
         writer.append(rows)
     writer.close()
     add_shard(tmp_path, tmp_path / "round_000.h5", {"rows": 6})

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from adaptation.odometry import OdometryConfig, PlanarOdometry, gaussian_blur, pose_change, track_episodes
+from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
 from envs.racing.builtin_tracks import builtin_track
-from envs.racing.camera import CameraConfig, ProjectiveCamera
+from envs.racing.camera import ProjectiveCamera
 from envs.racing.randomization import sample_visuals
 from envs.racing.track_texture import SceneConfig, TrackScene
 from tests.helpers import NO_RANDOMIZATION

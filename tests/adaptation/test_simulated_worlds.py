@@ -5,9 +5,9 @@ import torch
 
 from adaptation.estimator_fit import MotionErrors, episode_spans
 from adaptation.factor_estimator import MOTION as MOTION_NAMES
-from adaptation.losses import ESTIMATE_SCALE, TARGET_COLUMNS
 from adaptation.simulated_worlds import simulated_inputs
 from envs.racing.config import EnvConfig
+from envs.vehicle import VEHICLE_ESTIMATES
 
 
 class ConstantDriver:
@@ -32,16 +32,16 @@ def test_simulated_worlds_give_contiguous_episodes_blind_driving_and_the_student
     errors = MotionErrors(weights, [torch.zeros(10, 3)])
     driver = ConstantDriver(n_actions)
     sim = simulated_inputs(driver, env_cfg, errors, envs=6, steps=40, seed=3, first_episode=100)
-    assert sim.inputs.shape == (240, 5) and sim.targets.shape == (240, len(TARGET_COLUMNS))
+    assert sim.inputs.shape == (240, 5) and sim.targets.shape == (240, len(VEHICLE_ESTIMATES.targets))
     assert int(sim.episode.min()) == 100
     for a, b in episode_spans(sim.episode):  # each episode's rows together, one step apart, from a reset
         assert torch.equal(sim.step[a:b], sim.step[a] + torch.arange(b - a))
     assert bool((sim.step[torch.nonzero(sim.episode[1:] != sim.episode[:-1])[:, 0] + 1] == 0).all())
-    speed = sim.targets[:, TARGET_COLUMNS.index("speed")]
-    centre, scale = ESTIMATE_SCALE["speed"]
+    speed = sim.targets[:, VEHICLE_ESTIMATES.column("speed")]
+    centre, scale = VEHICLE_ESTIMATES.scale["speed"]
     assert torch.allclose(sim.inputs[:, 2], 0.1 + 0.5 * (speed - centre) / scale, atol=1e-5)
     assert float(speed.max()) > 1.0  # the cars drove
-    friction = sim.targets[:, TARGET_COLUMNS.index("friction")]
+    friction = sim.targets[:, VEHICLE_ESTIMATES.column("friction")]
     assert float(friction.std()) > 0.05  # randomized worlds
     for name in ("friction", "motor_gain"):  # the driver saw the nominal value only
         shown = torch.stack(driver.seen)[..., FACTOR_NAMES.index(name)]
@@ -79,7 +79,7 @@ def test_simulated_worlds_driven_through_the_camera_reset_the_driver_where_each_
     ends = torch.stack(driver.resets[1:], 1)  # (envs, steps): the episode that ended at each step
     per_car = sim.episode.view(3, 45)
     assert torch.equal(ends[:, :-1], per_car[:, 1:] != per_car[:, :-1]) and bool(ends.any())  # full throttle crashes
-    speed = sim.targets[:, TARGET_COLUMNS.index("speed")]
+    speed = sim.targets[:, VEHICLE_ESTIMATES.column("speed")]
     assert float(speed.max()) > 1.0
 
 

@@ -23,7 +23,7 @@ from datasets.rollouts import (
 from datasets.staging import EpisodeStager
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = rollout_schema(num_choices=3, latent_dim=2, num_factors=2, image_hw=(4, 5))
+SCHEMA = rollout_schema(num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, image_hw=(4, 5))
 
 
 def episode_rows(episode: int, length: int) -> dict[str, np.ndarray]:

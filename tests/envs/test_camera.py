@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
+from envs.camera_model import CameraConfig, pixel_rays, project_point
 from envs.racing.builtin_tracks import builtin_track
-from envs.racing.camera import CameraConfig, ProjectiveCamera, pixel_rays, project_point
+from envs.racing.camera import ProjectiveCamera
 from envs.racing.env import RacingEnv
 from envs.racing.randomization import NOMINAL_LUMA, RandomizationConfig, sample_visuals
 from envs.racing.track_texture import SceneConfig, TrackScene

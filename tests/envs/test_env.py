@@ -4,8 +4,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
-from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import (
@@ -19,10 +19,10 @@ from envs.racing.evaluation import (
 )
 from envs.racing.observations import teacher_dim
 from envs.racing.physics_genesis import GenesisConfig
+from envs.racing.pure_pursuit import PurePursuitDriver
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
 from envs.racing.rewards import TerminationConfig
 from experiments.evaluate import failure_line
-from envs.racing.pure_pursuit import PurePursuitDriver
 from tests.helpers import NO_RANDOMIZATION, small_env_config
 
 

@@ -19,8 +19,9 @@ from envs.racing.env import RacingEnv
 from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, drive
 from student.export import closed_loop_parity
 from student.loaded import STUDENT_KIND
-from student.model import OutputSpec, StudentConfig, StudentModel
+from student.model import StudentConfig, StudentModel
 from student.networks import EncoderConfig
+from tests.helpers import racing_spec
 
 pytest.importorskip("onnxruntime")
 ENV = EnvConfig(num_envs=1, camera="projective", compile=False)
@@ -33,7 +34,7 @@ def export_student(tmp, student_cfg: StudentConfig, parity_steps: int = 200):
 
     torch.manual_seed(0)
     env = RacingEnv(ENV)
-    spec = OutputSpec("discrete", env.action_space.num_choices, 8, 7, 5)
+    spec = racing_spec("discrete", env.action_space.num_choices, 8, 7, 5)
     model = StudentModel(student_cfg, spec)
     ckpt = save_atomic({
         "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": to_yaml(student_cfg),

@@ -13,8 +13,6 @@ import torch
 
 from adaptation.estimator_fit import episode_inputs
 from adaptation.factor_estimator import MOTION, FactorEstimator
-from adaptation.history_encoder import ESTIMATES
-from adaptation.losses import ESTIMATE_SCALE
 from adaptation.probe import collect_features
 from datasets.checkpoints import CheckpointError, save_atomic
 from datasets.rollouts import read_manifest
@@ -22,6 +20,7 @@ from envs.augment import AugmentConfig
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
+from envs.vehicle import VEHICLE_ESTIMATES
 from experiments.probe_student import ProbeConfig
 from experiments.probe_student import main as probe_main
 from experiments.transfer import ROBUST_SUMMARIES
@@ -274,8 +273,8 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     starts = torch.nonzero(torch.cat([torch.tensor([True]), first["episode"][1:] != first["episode"][:-1]]))[:, 0]
     assert not first["image_prev"][starts].any(), "nothing before an episode's first frame"
     assert feats["history"].shape[0] == int(late.sum())
-    centre, scale = ESTIMATE_SCALE["speed"]  # the estimator's inputs hold the normalized speed estimate
-    speed = feats["estimates"][:, ESTIMATES.index("speed")]
+    centre, scale = VEHICLE_ESTIMATES.scale["speed"]  # the estimator's inputs hold the normalized speed estimate
+    speed = feats["estimates"][:, VEHICLE_ESTIMATES.regressions.index("speed")]
     assert torch.allclose(speed, data.inputs[late, 2 + MOTION.index("speed")] * scale + centre, atol=1e-4)
     student = d.save(tmp_path / "student.pt")
     result = probe_main(ProbeConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), min_seconds=0.0,
@@ -425,12 +424,12 @@ def test_redrawn_worlds_reach_the_collected_targets_but_not_the_saved_world(teac
     run.run(show_progress=False)
     import h5py
 
-    from adaptation.losses import TARGET_COLUMNS
+    from envs.vehicle import VEHICLE_ESTIMATES
 
     shard = tmp_path / "r" / "data" / read_manifest(tmp_path / "r" / "data")["shards"][0]["file"]
     with h5py.File(shard, "r") as f:
         n = int(f.attrs["n_valid"])
-        episode, friction = f["episode"][:n], f["targets"][:n, TARGET_COLUMNS.index("friction")]
+        episode, friction = f["episode"][:n], f["targets"][:n, VEHICLE_ESTIMATES.column("friction")]
     changed = [len(set(friction[episode == e].round(6))) > 1 for e in set(episode.tolist())
                if (episode == e).sum() > 6]  # fmt: skip
     assert changed and all(changed)

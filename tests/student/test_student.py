@@ -4,10 +4,11 @@ import torch
 
 from envs.augment import AugmentConfig, augment, photometric, photometric_sparse
 from student.dagger import DaggerConfig, choose_actions, distillation_loss, loss_mask, teacher_probability
-from student.model import OutputSpec, StudentConfig, StudentModel, previous_frames
+from student.model import StudentConfig, StudentModel, previous_frames
 from student.networks import EncoderConfig, ImageEncoder
+from tests.helpers import racing_spec
 
-SPEC = OutputSpec(kind="discrete", num_outputs=10, latent_dim=8, action_latency_classes=7, camera_latency_classes=5)
+SPEC = racing_spec("discrete", 10, 8, 7, 5)
 
 
 def test_image_encoder_shapes_heads_and_raw_pixel_input():
