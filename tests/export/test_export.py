@@ -200,7 +200,7 @@ def test_watchdog_repeats_late_frames_and_stops_on_camera_loss(exported, tmp_pat
     runtime.infer = lambda camera: inferred.append(1) or infer(camera)
     counts = drive(runtime, SlowSource(clock), sent.append, LoopConfig(stale_after=0.5), log, clock, clock.sleep)
     log.close()
-    assert counts == {"steps": 6, "late": 1, "stopped": 1}
+    assert counts == {"steps": 6, "late": 1, "stopped": 1, "overruns": 0, "stalls": 0, "max_period_ms": 66.7}
     assert len(inferred) == 5, "the late frame is not run through the network: its command is a repeat"
     assert sent[2].action == sent[1].action and sent[2].steering_deg == sent[1].steering_deg
     assert sent[-1].safe_stop and sent[-1].speed == 0.0
