@@ -10,8 +10,6 @@ JSON: CPU count, torch threads, versions); compare ratios between runs on the sa
 from __future__ import annotations
 
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -21,15 +19,16 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
+from envs.console import make_console
 from envs.genesis_import import import_genesis
+from envs.machine import machine
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.physics_genesis import GenesisConfig
-from experiments.cli import run
 from envs.racing.pure_pursuit import PurePursuitDriver
+from experiments.cli import run
 
 Driver = Literal["random", "pure-pursuit"]
 
@@ -137,25 +136,12 @@ def measure(cfg: BenchmarkConfig, kind: str, num_envs: int, driver: Driver = "ra
     return result
 
 
-def machine() -> dict:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        # Other work on the machine shifts every figure: the 1-minute load average before the measurements started.
-        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-
-
 def main(cfg: BenchmarkConfig) -> dict:
     if cfg.single:
         kind, n, driver = [*cfg.single.split(":"), "random"][:3]
         print(json.dumps(measure(cfg, kind, int(n), driver)))  # type: ignore[arg-type]
         return {}
-    console = Console()
+    console = make_console()
     host = machine()  # before the measurements load the machine themselves
     results = []
     plan = [("state", n, d) for n in cfg.state_envs for d in cfg.drivers]

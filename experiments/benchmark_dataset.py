@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 
 from datasets.rollouts import ShardWriter, WindowReader, add_shard, rollout_schema
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from experiments.cli import run
 
 
@@ -70,7 +70,7 @@ def build(root: Path, cfg: DatasetBenchConfig) -> float:
 
 
 def main(cfg: DatasetBenchConfig) -> dict:
-    console = Console()
+    console = make_console()
     tmp = None if cfg.root else tempfile.TemporaryDirectory(prefix="gapbridge-dataset-bench-")
     root = Path(cfg.root or tmp.name)  # type: ignore[union-attr]
     root.mkdir(parents=True, exist_ok=True)

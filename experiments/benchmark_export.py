@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
 
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError
 from envs.racing.env import RacingEnv
 from experiments.cli import run
@@ -78,7 +78,7 @@ def main(cfg: ExportBenchConfig) -> dict:
             if i >= cfg.warmup:
                 times.append(time.perf_counter() - t0)
         result[backend] = percentiles(times)
-    Console().print(json.dumps(result, indent=2))
+    make_console().print(json.dumps(result, indent=2))
     write_text_atomic(cfg.out, json.dumps(result, indent=2))
     return result
 

@@ -17,16 +17,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from adaptation.history_encoder import HistoryConfig
 from envs.augment import AugmentConfig, augment
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
+from envs.machine import machine
 from envs.task import get_task
 from envs.vehicle import VEHICLE_ESTIMATES
-from experiments.benchmark import machine
 from experiments.cli import run
 from student.dagger import DaggerConfig, train_step
 from student.model import OutputSpec, StudentConfig, StudentModel
@@ -121,7 +121,7 @@ def measure(name: str, cfg: StudentBenchConfig) -> dict:
 
 
 def main(cfg: StudentBenchConfig) -> dict:
-    console = Console()
+    console = make_console()
     info = machine()  # the load average before the measurements
     rows = [measure(name, cfg) for name in cfg.variants]
     base = next((r for r in rows if r["variant"] == "default"), rows[0])

@@ -17,16 +17,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
+from datasets.run_layout import STUDENT_CHECKPOINTS, latest_checkpoint
+from datasets.run_logger import RunLogger, WandbConfig, check_login
 from envs.augment import AugmentConfig
 from envs.config_io import to_yaml, write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError
 from envs.racing.evaluation import EvalConfig, evaluate
 from envs.racing.visualize import plot_trajectories, save_frame_strip
 from experiments.cli import run
-from experiments.wandb_logger import RunLogger, WandbConfig
 from student.dagger import DaggerConfig
 from student.distiller import Distiller
 from student.model import StudentConfig, StudentPolicy
@@ -67,11 +68,6 @@ class DistillConfig:
             )
 
 
-def latest_round(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "checkpoints").glob("round_*.pt"))
-    return found[-1] if found else None
-
-
 def camera_video(distiller: Distiller, steps: int = 90) -> tuple[np.ndarray, list[str]]:
     """One env driven by the student from the start line: frames `(T, 1, H, W)` and the chosen actions."""
     env_cfg = replace(
@@ -97,11 +93,12 @@ def camera_video(distiller: Distiller, steps: int = 90) -> tuple[np.ndarray, lis
 def main(cfg: DistillConfig) -> dict:
     if not cfg.teacher:
         raise ConfigError("--teacher is required (a teacher checkpoint from experiments.train_teacher)")
-    console = Console()
+    check_login(cfg.wandb)
+    console = make_console()
     run_dir = Path(cfg.run_dir)
     ckpt = None
     if cfg.resume:
-        ckpt = latest_round(Path(cfg.resume)) if Path(cfg.resume).is_dir() else Path(cfg.resume)
+        ckpt = latest_checkpoint(cfg.resume, STUDENT_CHECKPOINTS) if Path(cfg.resume).is_dir() else Path(cfg.resume)
         if ckpt is None:
             raise ConfigError(f"--resume {cfg.resume}: no checkpoints/round_*.pt there")
     teacher = load_teacher(cfg.teacher)
@@ -158,7 +155,7 @@ def main(cfg: DistillConfig) -> dict:
     logger.image("plots/student_trajectories", plot, distiller.samples)
     logger.image("plots/student_camera", strip, distiller.samples)
     logger.video("video/student_camera", frames, distiller.samples)
-    last = latest_round(run_dir)
+    last = latest_checkpoint(run_dir, STUDENT_CHECKPOINTS)
     if last is not None:
         logger.artifact(last, f"student-{run_dir.name}", "model")
     logger.finish()

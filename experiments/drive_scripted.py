@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
+from envs.console import make_console
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import EvalConfig, evaluate
+from envs.racing.pure_pursuit import PurePursuitConfig, PurePursuitDriver
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.visualize import plot_trajectories, save_frame_strip
 from experiments.cli import run
-from envs.racing.pure_pursuit import PurePursuitConfig, PurePursuitDriver
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ def camera_strip(cfg: DriveConfig, track: str, driver_cfg: PurePursuitConfig, ou
             captions.append(f"t={t * env_cfg.dt:.1f}s")
         obs, *_ = env.step(driver.act(obs))
     env.close()
-    return save_frame_strip(np.stack(frames), out / f"{track}_{cfg.strip_camera}_camera.png", captions)
+    return save_frame_strip(np.stack(frames), out / f"{env.track.name}_{cfg.strip_camera}_camera.png", captions)
 
 
 def main(cfg: DriveConfig) -> dict:
-    console = Console()
+    console = make_console()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = Table(title="Pure pursuit under the env's randomization (noise, latency, friction, gains)")
@@ -90,17 +90,18 @@ def main(cfg: DriveConfig) -> dict:
             cfg.driver,
         )
         metrics, records, env = evaluate(driver.act, env_cfg, cfg.eval)
+        name = env.track.name  # a track file by its stem, not its path
         for d in cfg.eval.directions:
             table.add_row(
-                track, d, f"{metrics[f'{d}/lap_completion']:.0%}", f"{metrics[f'{d}/lap_time']:.2f}",
+                name, d, f"{metrics[f'{d}/lap_completion']:.0%}", f"{metrics[f'{d}/lap_time']:.2f}",
                 f"{metrics[f'{d}/flying_lap_time']:.2f}", f"{env.optimal_lap_time:.2f}",
                 f"{metrics[f'{d}/flying_lap_time_ratio']:.2f}",
                 f"{int(metrics[f'{d}/offtrack_count'])}",
             )  # fmt: skip
         plot = plot_trajectories(
-            env.track, [r.path for r in records], out / f"{track}_trajectories.png",
+            env.track, [r.path for r in records], out / f"{name}_trajectories.png",
             labels=[f"{r.direction} from {r.start:.2f}" for r in records],
-            title=f"{track}: pure pursuit ({metrics['lap_completion']:.0%} laps completed)",
+            title=f"{name}: pure pursuit ({metrics['lap_completion']:.0%} laps completed)",
         )  # fmt: skip
         strip = camera_strip(cfg, track, cfg.driver, out)
         summary[track] = {

@@ -12,9 +12,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rich.console import Console
-
 from datasets.checkpoints import git_sha
+from envs.console import make_console
 from envs.errors import ConfigError
 from envs.racing.env import RacingEnv
 from experiments.cli import run
@@ -53,7 +52,7 @@ class ExportConfig:
 def main(cfg: ExportConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
-    console = Console()
+    console = make_console()
     student = load_student(cfg.checkpoint)
     model, space = student.model, student.action_space
     out = Path(cfg.out_dir)

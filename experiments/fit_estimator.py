@@ -22,7 +22,7 @@ The `odometry` preset (`--estimator.motion odometry`) gives the student a new es
 odometry of its frames instead (`adaptation.odometry`: command-free, so slip and a weak motor show through). The
 recorded episodes hold the encoder's estimates, not odometry, so it is fitted on simulated worlds alone: `--sim-envs`
 cars with exact odometry, given the errors the default odometry makes on a pure-pursuit drive of the run's camera env
-(`--error-drive-envs` x `--error-drive-steps`; `experiments.probe_odometry.odometry_error_model`), 1 in 10 worlds held
+(`--error-drive-envs` x `--error-drive-steps`; `adaptation.odometry_errors.odometry_error_model`), 1 in 10 worlds held
 out. In the preset the student itself drives those worlds through its camera (`--sim-driver student`; `teacher`: the
 teacher without a camera, blind to the factors; `both`: half the cars each), so the estimator learns from the driving
 it will read online. The saved student runs the odometry beside it wherever its estimates are scored (`StudentPolicy`
@@ -59,23 +59,18 @@ from adaptation.estimator_fit import (
 )
 from adaptation.factor_estimator import EstimatorConfig, FactorEstimator
 from adaptation.odometry import OdometryConfig
+from adaptation.odometry_errors import odometry_error_model
 from adaptation.simulated_worlds import simulated_inputs, simulated_worlds
 from datasets.checkpoints import load_checkpoint, save_atomic
+from datasets.run_layout import estimator_path, recorded_data
 from envs.config_io import to_yaml
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
+from envs.racing.pure_pursuit import pure_pursuit_cars
 from experiments.cli import run
-from experiments.probe_odometry import odometry_error_model
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import load_teacher
-
-ESTIMATOR_SUFFIX = "_estimator"
-"""the default output sits next to its checkpoint, named with this suffix (checkpoint selection skips such files: the
-policy is the checkpoint's own)"""
-
-
-def estimator_path(checkpoint: Path) -> Path:
-    return checkpoint.with_name(f"{checkpoint.stem}{ESTIMATOR_SUFFIX}{checkpoint.suffix}")
 
 
 @dataclass(frozen=True)
@@ -142,11 +137,11 @@ class FitEstimatorConfig:
             )
 
 
-def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, checkpoint: str, extra: dict) -> EpisodeInputs:
+def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, extra: dict) -> EpisodeInputs:
     """Simulated worlds for an estimator that reads odometry: `cfg.sim_envs` cars driven by the `teacher` (blind to
     the factors), the `student` (through its camera) or half each (`cfg.sim_driver`) with exact odometry, given the
     errors the default odometry makes on a pure-pursuit drive of the run's camera env
-    (`experiments.probe_odometry.odometry_error_model`); the errors' summary goes into `extra`."""
+    (`adaptation.odometry_errors.odometry_error_model`); the errors' summary goes into `extra`."""
     steps = max(1, int(round(cfg.sim_seconds * env_cfg.control_hz)))
     by_student = {"teacher": 0, "student": cfg.sim_envs, "both": cfg.sim_envs // 2}[cfg.sim_driver]
     parts = []
@@ -159,9 +154,8 @@ def odometry_worlds(teacher, student, env_cfg, cfg: FitEstimatorConfig, checkpoi
                              camera=True)
         )  # fmt: skip
     exact = EpisodeInputs.cat(parts)
-    errors, extra["odometry_errors"] = odometry_error_model(
-        checkpoint, OdometryConfig(), cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
-    )
+    drive = pure_pursuit_cars(env_cfg, cfg.error_drive_envs, cfg.seed)
+    errors, extra["odometry_errors"] = odometry_error_model(*drive, OdometryConfig(), cfg.error_drive_steps)
     return with_odometry_errors(exact, errors, seed=cfg.seed + 2)
 
 
@@ -210,17 +204,6 @@ def cached_worlds(path: Path, key: dict) -> tuple[EpisodeInputs, dict] | None:
     return EpisodeInputs(*(saved["data"][k] for k in EPISODE_FIELDS)), saved["odometry_errors"]
 
 
-def recorded_data(checkpoint: str, data_dir: str = "") -> Path:
-    """The run's shard folder: `data_dir`, or `data` beside the checkpoint's `checkpoints` folder; refused by name
-    when it holds no manifest (and without a checkpoint: every script reading a run's episodes needs the student)."""
-    if not checkpoint:
-        raise ConfigError("--checkpoint is required (a student checkpoint from experiments.distill_student)")
-    path = Path(data_dir) if data_dir else Path(checkpoint).resolve().parent.parent / "data"
-    if not (path / "manifest.json").is_file():
-        raise ConfigError(f"--data-dir {path}: no manifest.json (the run's recorded episodes)")
-    return path
-
-
 def main(cfg: FitEstimatorConfig) -> dict:
     if cfg.estimator.kind == "none":
         raise ConfigError("--estimator.kind none: nothing to fit")
@@ -232,7 +215,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     ckpt = Path(cfg.checkpoint)
     data_dir = None if odometry else recorded_data(cfg.checkpoint, cfg.data_dir)  # odometry: simulated worlds only
     out = Path(cfg.out) if cfg.out else estimator_path(ckpt)
-    console = Console()
+    console = make_console()
     student = load_student(ckpt)
     model = student.model
     if model.history is None:
@@ -259,7 +242,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
             data, extra["odometry_errors"] = cached
             console.print(f"simulated worlds' inputs read from {cfg.inputs}")
         else:
-            data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, str(ckpt), extra)
+            data = odometry_worlds(driver, load_student(ckpt), student.env_cfg, cfg, extra)
             if cfg.inputs:
                 fields = {k: getattr(data, k) for k in EPISODE_FIELDS}
                 blob = {"kind": INPUTS_KIND, "key": key, "data": fields, "odometry_errors": extra["odometry_errors"]}

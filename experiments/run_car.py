@@ -5,7 +5,8 @@
     python -m experiments.run_car log --export outputs/export --log-in outputs/real_log.h5
 
 Every step (frame, command, estimates, timing, late frames, stops) goes to an HDF5 real log that `datasets/`
-reads back. The runtime reads only ONNX / OpenVINO IR / JSON and opens no network port.
+reads back; the run's summary (laps, off-tracks, step counts) is printed and written beside it (`<log>.json`). The
+runtime reads only ONNX / OpenVINO IR / JSON and opens no network port.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from rich.console import Console
 
 from datasets.real_log import LogReplaySource, RealLogWriter
+from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
@@ -124,7 +126,7 @@ def drive_torch(checkpoint: str, env_cfg: EnvConfig, steps: int) -> dict:
 
 
 def main(cfg: RunCarConfig) -> dict:
-    console = Console()
+    console = make_console()
     runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration, cfg.max_speed_percent)
     log = RealLogWriter(cfg.log_out, attrs={"export": str(Path(cfg.export).resolve()), "source": cfg.source})
     summary: dict = {"source": cfg.source, "backend": cfg.backend, "max_speed_percent": cfg.max_speed_percent}
@@ -155,6 +157,7 @@ def main(cfg: RunCarConfig) -> dict:
         log.close()
     summary["log"] = str(Path(cfg.log_out).resolve())
     console.print(json.dumps(summary, indent=2))
+    write_text_atomic(Path(cfg.log_out).with_suffix(".json"), json.dumps(summary, indent=2))
     return summary
 
 

@@ -25,17 +25,18 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from rich.console import Console
-
-from envs.config_io import to_yaml, write_text_atomic
+from datasets.run_layout import ESTIMATOR_SUFFIX
+from datasets.run_logger import RunLogger, WandbConfig, check_login
+from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, flatten, reality_env_config
 from experiments.cli import run
-from experiments.evaluate import load_policy
-from experiments.fit_estimator import ESTIMATOR_SUFFIX
-from experiments.transfer import (
+from student.policies import load_policy
+from student.score_cache import ScoreCache
+from student.transfer import (
     FIXED_LAP_EVAL,
     ROBUST_EVAL,
     SELECT_PROXY_EVAL,
@@ -54,8 +55,7 @@ from experiments.transfer import (
     spearman_interval,
     split_half_reliability,
 )
-from experiments.transfer_report import write_report
-from experiments.wandb_logger import RunLogger, WandbConfig
+from student.transfer_report import write_report
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     if cfg.checkpoints:
         paths = [Path(p) for p in cfg.checkpoints]
     elif cfg.run_dir:
-        # A refitted factor estimator (experiments.fit_estimator) drives with its checkpoint's policy: not a checkpoint
+        # A refitted factor estimator (`experiments.fit_estimator`) drives with its checkpoint's policy: not a checkpoint
         # of its own, and a copy would count twice in the rank correlation.
         paths = sorted(
             p for p in (Path(cfg.run_dir) / "checkpoints").glob("*.pt") if not p.stem.endswith(ESTIMATOR_SUFFIX)
@@ -135,75 +135,11 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     return chosen
 
 
-SCORE_INPUTS = {
-    "robust": ("action_noise", "robust"),
-    "fixed_lap": ("fixed_lap",),
-    "sim2sim": ("action_noise", "robust"),
-    "proxy": ("proxy", "reality"),
-}
-"""the settings each evaluation's episodes depend on (besides the checkpoint, the run's own world and the car's speed
-setting, which every evaluation depends on)"""
-
-
-def _score_key(settings: dict[str, str], name: str) -> str:
-    return "".join(f"{part}:\n{settings[part]}" for part in SCORE_INPUTS[name]) + settings.get("car", "")
-
-
-class ScoreCache:
-    """Per-checkpoint scores in `scores.json`, rewritten atomically after every evaluation of every checkpoint.
-
-    An evaluation's score is reused only for the same file (path, size, modification time) evaluated with the same
-    settings of that evaluation (`SCORE_INPUTS`): asking for more robust episodes scores the robust evaluation again
-    and keeps the proxy's laps, and a selection stopped halfway through a checkpoint keeps the evaluations it finished.
-    The evaluations are seeded, so a reused score equals what scoring again would give."""
-
-    def __init__(self, path: Path, cfg: SelectConfig, enabled: bool = True) -> None:
-        self.path = path
-        settings = {
-            part: to_yaml(getattr(cfg, part)) for part in ("action_noise", "robust", "fixed_lap", "proxy", "reality")
-        }
-        if cfg.max_speed_percent != 100.0:  # every evaluation drives the car at this setting (100: keys as before)
-            settings["car"] = f"max_speed_percent:\n{cfg.max_speed_percent}"
-        names = ("robust", "fixed_lap", *(("sim2sim",) if cfg.sim2sim else ()), "proxy")
-        self.keys = {name: _score_key(settings, name) for name in names}
-        self.rows: dict[str, dict] = {}
-        if enabled and path.is_file():
-            try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                saved = {}
-            rows = saved.get("rows", {}) if isinstance(saved, dict) else {}
-            old = saved.get("key") if isinstance(saved, dict) else None
-            if isinstance(old, dict):  # an older file: one key for the whole row
-                for row in rows.values():
-                    row["scored"] = {
-                        name: _score_key(old, name)
-                        for name in SCORE_INPUTS
-                        if name in row and all(part in old for part in SCORE_INPUTS[name])
-                    }
-            self.rows = rows if isinstance(rows, dict) else {}
-
-    @staticmethod
-    def _stamp(checkpoint: Path) -> str:
-        st = checkpoint.stat()
-        return f"{checkpoint.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-
-    def get(self, checkpoint: Path) -> dict:
-        """The checkpoint's evaluations still valid: `{name: metrics, name_episodes: …, name_seconds: …}` for each."""
-        row = self.rows.get(self._stamp(checkpoint), {})
-        scored = row.get("scored", {})
-        out = {}
-        for name, key in self.keys.items():
-            if scored.get(name) == key and name in row:
-                out.update({k: row[k] for k in (name, f"{name}_episodes", f"{name}_seconds") if k in row})
-        return out
-
-    def put(self, checkpoint: Path, name: str, parts: dict) -> None:
-        """Store one evaluation of a checkpoint (`parts`: its metrics, per-episode scores and seconds)."""
-        row = self.rows.setdefault(self._stamp(checkpoint), {})
-        row.update(parts)
-        row.setdefault("scored", {})[name] = self.keys[name]
-        write_text_atomic(self.path, json.dumps({"version": 2, "rows": self.rows}, default=float))
+def score_cache(path: Path, cfg: SelectConfig) -> ScoreCache:
+    """The selection's evaluations already made with the same settings (read only with `--reuse-scores`)."""
+    settings = {part: getattr(cfg, part) for part in ("action_noise", "robust", "fixed_lap", "proxy", "reality")}
+    evaluations = ("robust", "fixed_lap", *(("sim2sim",) if cfg.sim2sim else ()), "proxy")
+    return ScoreCache(path, settings, evaluations, cfg.max_speed_percent, cfg.reuse_scores)
 
 
 class Evaluators:
@@ -240,7 +176,8 @@ def selection_scores(rows: list[dict], select_by: str) -> list[float]:
 
 
 def main(cfg: SelectConfig) -> dict:
-    console = Console()
+    check_login(cfg.wandb)
+    console = make_console()
     paths = find_checkpoints(cfg)
     out = Path(cfg.out_dir or Path(cfg.run_dir or paths[0].parent.parent) / "transfer")
     out.mkdir(parents=True, exist_ok=True)
@@ -255,7 +192,7 @@ def main(cfg: SelectConfig) -> dict:
         "proxy": (reality_env_config(env_cfg, cfg.reality), cfg.proxy),
     })  # fmt: skip
     rows = []
-    cache = ScoreCache(out / "scores.json", cfg, cfg.reuse_scores)
+    cache = score_cache(out / "scores.json", cfg)
     try:
         for i, path in enumerate(paths):
             row = {"checkpoint": str(path), "name": path.stem, **cache.get(path)}

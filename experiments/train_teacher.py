@@ -16,21 +16,21 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from datasets.run_logger import RunLogger, WandbConfig, check_login
+from envs.camera_model import CameraConfig
 from envs.config_io import to_yaml, write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError
-from envs.task import task_of_config
-from envs.racing.camera import CameraConfig
 from envs.racing.config import EnvConfig
 from envs.racing.effects import EffectsConfig
 from envs.racing.evaluation import EvalConfig, evaluate
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.sensor import SensorConfig
 from envs.racing.visualize import plot_trajectories
+from envs.task import task_of_config
 from experiments.cli import run
-from experiments.wandb_logger import RunLogger, WandbConfig
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.trainer import TeacherTrainer, TrainerConfig, latest_checkpoint
 
@@ -80,7 +80,8 @@ def resume_path(spec: str) -> Path:
 
 
 def main(cfg: TrainTeacherConfig) -> dict:
-    console = Console()
+    check_login(cfg.wandb)
+    console = make_console()
     run_dir = Path(cfg.run_dir)
     ckpt = resume_path(cfg.resume) if cfg.resume else None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +109,7 @@ def main(cfg: TrainTeacherConfig) -> dict:
         metrics, records, env = evaluate(policy, replace(cfg.env, track=track), cfg.final_eval)
         summary[f"eval/{track}"] = metrics
         table.add_row(
-            track, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
+            env.track.name, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
             f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{int(metrics['offtrack_count'])}",
         )  # fmt: skip
         plot = plot_trajectories(

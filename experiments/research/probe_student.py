@@ -1,7 +1,7 @@
 """Linear probes of a student's features on its run's recorded episodes: which quantities its features hold.
 
-    python -m experiments.probe_student default --checkpoint runs/student/checkpoints/round_014.pt
-    python -m experiments.probe_student default --checkpoint … --min-seconds 0   # include the starts from rest
+    python -m experiments.research.probe_student default --checkpoint runs/student/checkpoints/round_014.pt
+    python -m experiments.research.probe_student default --checkpoint … --min-seconds 0   # include the starts from rest
 
 The student is replayed over every recorded episode from its start, as on the car; for each true quantity (both
 latencies, friction, motor gain, speed, lateral speed, yaw rate) a ridge regression from the frozen image embedding,
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from adaptation.probe import SOURCES, collect_features, probe
+from datasets.run_layout import recorded_data
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import check_range
 from experiments.cli import run
-from experiments.fit_estimator import recorded_data
 from student.dagger import bf16_enabled
 from student.loaded import load_student
 
@@ -75,7 +75,7 @@ def main(cfg: ProbeConfig) -> dict:
         "r2": probe(features, cfg.holdout_every, cfg.ridge),
     }
     result["seconds"] = time.perf_counter() - t0
-    console = Console()
+    console = make_console()
     title = (
         f"held-out R² ({result['steps']:,} steps of {result['episodes']} episodes, ≥ {cfg.min_seconds:g} s after a "
         f"start; 1 episode in {cfg.holdout_every} held out)"

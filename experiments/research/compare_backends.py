@@ -1,6 +1,6 @@
 """Cross-backend check: drive the bicycle model and the Genesis car with the same open-loop commands.
 
-    python -m experiments.compare_backends default
+    python -m experiments.research.compare_backends default
 
 Scenarios: straight lines and constant-radius turns at several speeds and frictions, one scenario per env. Reports
 per scenario the steady-state speed and turning radius of both backends and how far their trajectories drift apart
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.racing.config import EnvConfig
 from envs.racing.physics_bicycle import BicyclePhysics, CarParams
 from experiments.cli import run
@@ -68,7 +68,7 @@ def steady_radius(traj: np.ndarray) -> np.ndarray:
 def main(cfg: CompareConfig) -> dict:
     from envs.racing.physics_genesis import GenesisPhysics
 
-    console = Console()
+    console = make_console()
     plan = scenarios(cfg)
     n = len(plan)
     env_cfg = replace(cfg.env, num_envs=n)

@@ -1,15 +1,16 @@
 """How well planar visual odometry measures the car's motion, against the camera's true pose change.
 
-    python -m experiments.probe_odometry default
-    python -m experiments.probe_odometry default --checkpoint runs/student/checkpoints/round_014.pt
-    python -m experiments.probe_odometry default --odometry.forward-starts 0 0.03 0.06 0.09 0.12
+    python -m experiments.research.probe_odometry default
+    python -m experiments.research.probe_odometry default --checkpoint runs/student/checkpoints/round_014.pt
+    python -m experiments.research.probe_odometry default --odometry.forward-starts 0 0.03 0.06 0.09 0.12
 
 The pure-pursuit driver races `envs` cars on the camera env (a student checkpoint's, or `env`) for `steps` frames;
 each car's frames are tracked through its episodes (`adaptation.odometry.track_episodes`, from rest at every start)
 and compared with the motion the frames really show: the change of the pose each frame was taken from
-(`RacingEnv.camera_pose`), as body velocities. Scored from `after_steps` frames into each episode: R² of speed, lateral
-speed and yaw rate, the absolute errors' quantiles, and the time per frame pair. The single-start tracker is always
-scored beside the configured one, on the same frames. Writes `probe_odometry.json`.
+(`RacingEnv.camera_pose`), as body velocities (`adaptation.odometry_errors.record_drive`). Scored from `after_steps`
+frames into each episode: R² of speed, lateral speed and yaw rate, the absolute errors' quantiles, and the time per
+frame pair. The single-start tracker is always scored beside the configured one, on the same frames. Writes
+`probe_odometry.json`.
 """
 
 from __future__ import annotations
@@ -20,19 +21,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from adaptation.estimator_fit import MotionErrors, odometry_errors
-from adaptation.factor_estimator import MOTION, normalize_velocities
-from adaptation.odometry import OdometryConfig, PlanarOdometry, pose_change, track_episodes
+from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
+from adaptation.odometry_errors import Drive, record_drive
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import check_range
 from envs.racing.config import EnvConfig
-from envs.racing.env import RacingEnv
+from envs.racing.pure_pursuit import PurePursuitConfig, pure_pursuit_cars
 from experiments.cli import run
-from envs.racing.pure_pursuit import PurePursuitConfig, PurePursuitDriver
 
 COMPONENTS = ("speed", "lateral", "yaw_rate")
 
@@ -68,75 +67,17 @@ class ProbeOdometryConfig:
         check_range("after_steps", self.after_steps, 1, self.steps - 1)
 
 
-@dataclass
-class Drive:
-    """Rows of a recorded drive, grouped by car in step order."""
-
-    camera: Tensor  # (N, 1, H, W) uint8
-    truth: Tensor  # (N, 3) body velocities the frames show (zeros at episode starts)
-    episode: Tensor  # (N,)
-    step: Tensor  # (N,) frames since the episode's start
-
-
-@torch.no_grad()
 def drive(cfg: ProbeOdometryConfig) -> tuple[Drive, EnvConfig]:
-    """Race the cars and keep each frame with the pose it was taken from; a reset starts a new episode."""
+    """Race the cars on the camera env (the checkpoint's, or `cfg.env`) and keep each frame with the pose it was
+    taken from; a reset starts a new episode."""
     if cfg.checkpoint:
         from student.loaded import load_student
 
         base = load_student(cfg.checkpoint).env_cfg
     else:
         base = cfg.env
-    env_cfg = replace(base, num_envs=cfg.envs, camera="projective", compile=False, seed=cfg.seed)
-    env = RacingEnv(env_cfg)
-    driver = PurePursuitDriver(
-        env.action_space, env_cfg.car, env_cfg.obs.lookahead_points, env_cfg.obs.lookahead_spacing, cfg.driver
-    )
-    obs = env.get_observations()
-    frames, poses, starts = [], [], []
-    start = torch.ones(cfg.envs, dtype=torch.bool)  # the frame is an episode's first
-    for _ in range(cfg.steps):
-        frames.append(obs["camera"].to(torch.uint8).cpu())
-        poses.append(env.camera_pose().cpu().clone())
-        starts.append(start)
-        obs, _, dones, _ = env.step(driver.act(obs))
-        start = dones.cpu().bool()
-    start_t = torch.stack(starts, 1)  # (E, T)
-    episode = torch.cumsum(start_t.reshape(-1).long(), 0) - 1  # car-major rows: a car's first frame starts one
-    step = torch.zeros_like(start_t, dtype=torch.long)
-    for t in range(1, cfg.steps):
-        step[:, t] = torch.where(start_t[:, t], 0, step[:, t - 1] + 1)
-    pose = torch.stack(poses, 1)  # (E, T, 3)
-    motion = torch.zeros_like(pose)
-    motion[:, 1:] = pose_change(pose[:, :-1], pose[:, 1:])
-    truth = PlanarOdometry.body_velocity(motion, env_cfg.dt) * (step > 0)[..., None]
-    camera = torch.stack(frames, 1)
-    return Drive(camera.reshape(-1, *camera.shape[2:]), truth.reshape(-1, 3), episode, step.reshape(-1)), env_cfg
-
-
-def odometry_error_model(
-    checkpoint: str, odometry: OdometryConfig, envs: int = 64, steps: int = 160, seed: int = 0
-) -> tuple[MotionErrors, dict]:
-    """How `odometry` errs on a student's camera env: a pure-pursuit drive of `envs` cars x `steps` frames (`drive`),
-    each car tracked through its episodes and compared with the camera's true pose change
-    (`adaptation.estimator_fit.odometry_errors`), and a summary (normalized units: the linear map's diagonal, the
-    residuals' standard deviation, the drive's size and time)."""
-    drive_cfg = ProbeOdometryConfig(checkpoint=checkpoint, envs=envs, steps=steps, odometry=odometry, seed=seed,
-                                    after_steps=1)  # fmt: skip
-    t0 = time.perf_counter()
-    rows, env_cfg = drive(drive_cfg)
-    measured = track_episodes(PlanarOdometry(env_cfg.optics, odometry), rows.camera, rows.episode, rows.step,
-                              env_cfg.dt)  # fmt: skip
-    errors = odometry_errors(normalize_velocities(measured), normalize_velocities(rows.truth), rows.episode, rows.step)
-    res = torch.cat(errors.residuals)
-    summary = {
-        "frames": int(len(rows.step)),
-        "episodes": int(len(torch.unique(rows.episode))),
-        "gain": dict(zip(MOTION, torch.diagonal(errors.weights[1:]).tolist(), strict=True)),
-        "residual_std": dict(zip(MOTION, res.std(0).tolist(), strict=True)),
-        "seconds": time.perf_counter() - t0,
-    }
-    return errors, summary
+    env, driver = pure_pursuit_cars(base, cfg.envs, cfg.seed, cfg.driver)
+    return record_drive(env, driver, cfg.steps), env.cfg
 
 
 def accuracy(estimate: Tensor, truth: Tensor) -> dict[str, dict[str, float]]:
@@ -182,7 +123,7 @@ def main(cfg: ProbeOdometryConfig) -> dict:
             "ms_per_pair": 1000.0 * seconds / max(pairs, 1),
             **accuracy(est[scored], rows.truth[scored]),
         }
-    console = Console()
+    console = make_console()
     table = Table(title=f"odometry vs the camera's pose change ({result['rows_scored']:,} frames scored)")
     table.add_column("tracker")
     table.add_column("starts (m)")

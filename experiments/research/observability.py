@@ -1,9 +1,9 @@
 """Ceiling of the student's online estimate: regress a dynamics factor from the car's true state and commands.
 
-    python -m experiments.observability default --teacher runs/teacher/checkpoints/iter_000256.pt
-    python -m experiments.observability default --teacher … --factor motor_gain --no-blind
-    python -m experiments.observability default --run-dir runs/student
-    python -m experiments.observability default --teacher … --windows 30 --motion-r2 0.99 0.95 0.9
+    python -m experiments.research.observability default --teacher runs/teacher/checkpoints/iter_000256.pt
+    python -m experiments.research.observability default --teacher … --factor motor_gain --no-blind
+    python -m experiments.research.observability default --run-dir runs/student
+    python -m experiments.research.observability default --teacher … --windows 30 --motion-r2 0.99 0.95 0.9
 
 The teacher drives its own training world (no camera) with the factor's input held at nominal (`--blind`, so its
 commands do not carry the true value); an MLP is fitted on windows of each history length in `--windows` (steps;
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from adaptation.observability import (
@@ -39,6 +38,7 @@ from adaptation.observability import (
     shard_recording,
 )
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.config import EnvConfig
 from experiments.cli import run
@@ -119,7 +119,7 @@ def main(cfg: ObservabilityConfig) -> dict:
         row["seconds"] = row["steps"] / hz
     result.update(factor=cfg.factor, blind=cfg.blind, teacher=cfg.teacher, run_dir=cfg.run_dir, source=source,
                   seconds=time.perf_counter() - t0, min_seconds=cfg.min_seconds)  # fmt: skip
-    console = Console()
+    console = make_console()
     table = Table(title=f"{cfg.factor}: held-out R² (train R²) from the true state, by history length ({source})")
     table.add_column("features")
     for row in result["history"]:

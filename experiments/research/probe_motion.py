@@ -1,7 +1,7 @@
 """Measure the car's motion from the frames without the commands, and what the factor estimator reads from that.
 
-    python -m experiments.probe_motion default --checkpoint runs/student/checkpoints/round_014.pt
-    python -m experiments.probe_motion default --checkpoint … --sources odometry --estimator.dilations 1 2 4 8
+    python -m experiments.research.probe_motion default --checkpoint runs/student/checkpoints/round_014.pt
+    python -m experiments.research.probe_motion default --checkpoint … --sources odometry --estimator.dilations 1 2 4 8
 
 Two command-free motion sources, each giving every recorded row's body velocities: `two_frame`, a fresh two-frame
 CNN (`adaptation.motion_branch`) cross-fitted on the run's recorded frames to regress them; `odometry`, planar visual
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
@@ -51,13 +50,15 @@ from adaptation.factor_estimator import MOTION, EstimatorConfig, FactorEstimator
 from adaptation.losses import r2_score
 from adaptation.motion_branch import RecordedFrames, cross_fit_motion, load_frames
 from adaptation.odometry import OdometryConfig, PlanarOdometry, track_episodes
+from adaptation.odometry_errors import odometry_error_model
 from adaptation.simulated_worlds import simulated_inputs
 from datasets.checkpoints import load_checkpoint, save_atomic
+from datasets.run_layout import recorded_data
 from envs.config_io import write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
+from envs.racing.pure_pursuit import pure_pursuit_cars
 from experiments.cli import run
-from experiments.fit_estimator import recorded_data
-from experiments.probe_odometry import odometry_error_model
 from student.dagger import bf16_enabled
 from student.loaded import STUDENT_KIND, load_student
 from teacher.policy import load_teacher
@@ -219,8 +220,9 @@ def main(cfg: ProbeMotionConfig) -> dict:
         sim = simulated_inputs(load_teacher(teacher_path), student.env_cfg, None, cfg.sim_envs, steps, cfg.seed + 1)
         result["simulated"] = {"episodes": int(len(torch.unique(sim.episode)))}
         if "noisy_odometry" in cfg.sim_motion:
+            drive = pure_pursuit_cars(student.env_cfg, cfg.error_drive_envs, cfg.seed)
             errors, result["simulated"]["odometry_errors"] = odometry_error_model(
-                cfg.checkpoint, cfg.odometry, cfg.error_drive_envs, cfg.error_drive_steps, cfg.seed
+                *drive, cfg.odometry, cfg.error_drive_steps
             )
         for kind in cfg.sim_motion:
             t1 = time.perf_counter()
@@ -246,7 +248,7 @@ def main(cfg: ProbeMotionConfig) -> dict:
                 "seconds": time.perf_counter() - t1,
             }
     result["seconds"] = time.perf_counter() - t0
-    console = Console()
+    console = make_console()
     table = Table(title=f"held-out R² ≥ 2 s after a start ({result['episodes']} episodes, {result['rows']:,} rows)")
     table.add_column("motion estimates")
     for c in (*MOTION, *ESTIMATOR_SCORES):
