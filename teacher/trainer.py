@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from tensordict import TensorDict
 
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from envs.config_io import to_yaml
 from envs.errors import GapbridgeError, check_range
+from envs.progress import stage_progress
 from envs.task import task_of_config
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.policy import FORMAT_VERSION, TEACHER_KIND, ObsLayout, checkpoint_task
@@ -117,10 +117,7 @@ class TeacherTrainer:
         start = time.time()
         obs = self.env.get_observations()
         last_eval: dict[str, float] = {}
-        progress = Progress(
-            TextColumn("[bold]teacher"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"), disable=not show_progress, transient=False,
-        )  # fmt: skip
+        progress = stage_progress("teacher", disable=not show_progress)
         with progress:
             task = progress.add_task("train", total=cfg.iterations, completed=self.iteration, status="")
             while self.iteration < cfg.iterations:
