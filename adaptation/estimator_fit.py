@@ -12,20 +12,19 @@ factors, which an estimator then learns per episode and not from the car's respo
 training world without a camera, blind to the factors the student cannot see, and the estimator's motion inputs are the
 true body velocities passed through the student's own errors (`MotionErrors`, measured on its replay: the linear map
 from truth and recent commands to estimate, plus whole residual sequences of recorded episodes, so the errors keep their
-correlation in time and across the three velocities). Measured on a default-teacher student, these worlds make the fit
-worse on its held-out recorded episodes (the real errors depend on the world and the driving in ways the model does not
-carry), so they are off by default; `estimate_sources` shows why the slow factors stay hidden: the motion estimates
-follow the commands more than the car.
+correlation in time and across the three velocities). They are off by default: on a default-teacher student they made
+the fit worse on its held-out recorded episodes, because the real errors depend on the world and the driving in ways
+the model does not carry (docs/results.md#estimates). `estimate_sources` shows why the slow factors stay hidden: the
+motion estimates follow the commands more than the car.
 
 Planar odometry's errors are another matter: they do not depend on the commands, and `odometry_errors` measures them
 where the truth is known (a drive of the camera env, the camera's pose change beside the tracked one).
-`with_odometry_errors` gives simulated worlds with exact odometry those errors; an estimator trained on them read a
-default run's recorded episodes through their measured odometry with friction R² 0.52 and motor gain 0.90, where one
-trained on exact odometry scored -0.03 and 0.77 (`experiments.probe_motion --sim-motion noisy_odometry`). Run online
-beside the student (`experiments.fit_estimator odometry`, then `experiments.evaluate`) it scored friction 0.54 and motor
-gain 0.93 after 2 s. For such an estimator `adaptation.simulated_worlds.simulated_inputs(..., camera=True)` lets the
-student drive the worlds through its camera, so the estimator learns from the driving it reads online, not the
-teacher's: friction R² online after 2 s 0.79 against 0.74 (README).
+`with_odometry_errors` gives simulated worlds with exact odometry those errors, so that an estimator trained on them
+reads measured odometry, which one trained on exact odometry does poorly (it never saw the errors;
+`experiments.research.probe_motion --sim-motion noisy_odometry`). For such an estimator
+`adaptation.simulated_worlds.simulated_inputs(..., camera=True)` lets the student drive the worlds through its camera,
+so the estimator learns from the driving it reads online, not the teacher's (`experiments.fit_estimator odometry`;
+its figures in docs/results.md#odometry-fed-estimator).
 """
 
 from __future__ import annotations
@@ -90,8 +89,8 @@ def replay_episodes(
 
     Episodes of a shard are padded to a common length on the left (padding is masked, as at an episode start) and run
     through `model.forward_window` in batches of about `batch_frames` frames; `bf16` runs it under bfloat16 autocast,
-    as DAgger trains (about 1.6x faster here; outputs within a few thousandths of the float32 pass). `fields` are read
-    besides the camera, previous actions and episode ids."""
+    as DAgger trains (faster where the CPU has native bf16; outputs within a few thousandths of the float32 pass).
+    `fields` are read besides the camera, previous actions and episode ids."""
     was_training = model.training
     model.eval()
     try:
