@@ -12,17 +12,15 @@ inputs are detached: its losses train it alone, and the motion estimates stay wh
 Two products of those inputs join them (`features="physics"`): speed × yaw rate, the lateral acceleration that
 friction bounds, and speed × steering command, what the tyres are asked for. A small TCN of ReLU-like units forms
 sums of its inputs easily and products of them poorly; the friction shows where the lateral acceleration stops
-following the steering, so the two products are handed to it. Trained on simulated worlds with exact planar odometry
-(4,233 episodes, 12,000 steps, scored on held-out worlds ≥ 2 s after a start), they raised the friction R² from 0.65
-to 0.72 (two squared-speed terms besides added nothing: 0.70).
+following the steering, so the two products are handed to it (squared speeds add nothing beside them;
+docs/results.md#why-the-default-estimator-misses-friction).
 
 With `motion="odometry"` the three motion inputs are planar visual odometry of the frames instead
 (`adaptation.odometry.OdometryTracker`, run beside the student; the estimator is then fitted on simulated worlds with
 the odometry's errors, not in DAgger, whose training windows carry no odometry). That fit wants a wider estimator
-than DAgger's: at 32 channels it underfits (friction R² on its training worlds 0.74, on held-out ones 0.68 after
-2 s), at 64 it scores 0.83 / 0.78 on the same worlds and 0.74 online after 2 s; with the student driving the
-simulated worlds through its camera instead of the teacher 0.86 / 0.81 and 0.79 online, and with twice those worlds
-(4,096 cars: the `experiments.fit_estimator odometry` preset) 0.90 / 0.89 and 0.86 online.
+than DAgger's (at 32 channels it underfits its simulated worlds) and thousands of worlds driven as it will read them
+(the student through its camera): the `experiments.fit_estimator odometry` preset, whose figures are in
+docs/results.md#odometry-fed-estimator.
 
 Window pass and one-step pass compute the same thing (`tcn_window` / `tcn_step`), so deployment state is the last
 `receptive_field - 1` inputs.
