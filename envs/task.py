@@ -186,6 +186,9 @@ class Task:
     primary_metric: str
     previous_action_dim: int = 0
     """leading columns of the `proprio` group holding the previous action: what a student reads besides the camera"""
+    student_env_config: Callable[[Any, int, int | None], Any] = lambda cfg, num_envs, max_steps: cfg
+    """`(cfg, num_envs, max_steps)` -> the env config a student drives in: its sensors on (the camera), `num_envs`
+    envs, episodes of at most `max_steps` control steps (None: the config's own length)"""
     factor_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """physical range of each factor that maps linearly onto [-1, 1] in `env_factors`"""
     latency_classes: Callable[[Any], dict[str, int]] = lambda cfg: {}

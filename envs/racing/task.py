@@ -10,6 +10,7 @@ ranks by lap completion.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -62,6 +63,17 @@ def evaluate(
     return summarize(run_episodes(act, env, cfg, reset), env.optimal_lap_time)
 
 
+def student_env_config(cfg: EnvConfig, num_envs: int, max_steps: int | None) -> EnvConfig:
+    """The camera env a student drives in (the projective camera unless one is configured); with `max_steps`, episodes
+    that end after that many frames and never on a lap count."""
+    camera = "projective" if cfg.camera == "none" else cfg.camera
+    cfg = replace(cfg, num_envs=num_envs, camera=camera)
+    if max_steps is None:
+        return cfg
+    term = replace(cfg.termination, episode_seconds=max_steps / cfg.control_hz, laps=0)
+    return replace(cfg, termination=term)
+
+
 def export_files(space: ActionSpace, cfg: EnvConfig) -> dict[str, str]:
     import json
 
@@ -76,6 +88,7 @@ TASK = register_task(
         factor_names=tuple(FACTOR_NAMES),
         factor_bounds=FACTOR_BOUNDS,
         previous_action_dim=2,
+        student_env_config=student_env_config,
         estimates=ESTIMATES,
         estimate_targets=estimate_targets,
         action_spec_from_dict=action_spec_from_dict,

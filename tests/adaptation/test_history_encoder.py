@@ -3,13 +3,13 @@ import torch
 
 from adaptation.history_encoder import HistoryConfig, HistoryEncoder
 from adaptation.losses import adaptation_losses, estimate_metrics, latency_class, r2_score
-from envs.vehicle import VEHICLE_ESTIMATES
+from envs.vehicle import VEHICLE_ESTIMATES as VEHICLE
 
 
 def make(kind="tcn"):
     torch.manual_seed(0)
     return HistoryEncoder(
-        HistoryConfig(kind=kind), 6, 3, {"action_latency": 7, "camera_latency": 5}, len(VEHICLE_ESTIMATES.regressions)
+        HistoryConfig(kind=kind), 6, 3, {"action_latency": 7, "camera_latency": 5}, len(VEHICLE.regressions)
     )
 
 
@@ -77,25 +77,25 @@ def test_losses_and_metrics_by_hand():
     targets = torch.tensor([[[0.0, 1 / 60, 1.3, 0.85, 3.5, 0.08, -1.5]] * 2])
     z = torch.ones(1, 2, 3)
     mask = torch.tensor([[True, False]])
-    losses = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE_ESTIMATES)
+    losses = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE)
     assert losses["z"].item() == pytest.approx(1.0)
     assert losses["estimates"].item() == pytest.approx(1.0)
     assert losses["action_latency"].item() < 1e-3 and losses["camera_latency"].item() < 1e-3
     # A factor estimator's own mask: latencies, friction and motor gain at step 1 only (the far-off step), the body
     # velocities at step 0: estimates (1 + 1 + 1 motion at step 0, (9 - 1)^2 + (9 + 1)^2 factors at step 1) / 5.
     factor_mask = torch.tensor([[False, True]])
-    split = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE_ESTIMATES, factor_mask=factor_mask)
+    split = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE, factor_mask=factor_mask)
     assert split["estimates"].item() == pytest.approx((3 + 64 + 100) / 5)
     assert split["action_latency"].item() > 5 and split["z"].item() == pytest.approx(1.0)
     # Weighting the speed's error (normalized error 1 at step 0) ten times: (1 + 1 + 10 + 1 + 1) / 5; the mean's
     # denominator stays the count of estimates, the other losses do not change.
-    weighted = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE_ESTIMATES, estimate_weights={"speed": 10.0})
+    weighted = adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE, estimate_weights={"speed": 10.0})
     assert weighted["estimates"].item() == pytest.approx(14 / 5)
     assert weighted["z"].item() == losses["z"].item()
     with pytest.raises(ValueError, match="unknown estimates \\['mass'\\]"):
-        adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE_ESTIMATES, estimate_weights={"mass": 1.0})
+        adaptation_losses(heads, z, targets, mask, 1 / 60, VEHICLE, estimate_weights={"mass": 2.0})
     heads = {k: v[:, :1].expand(-1, 2, *v.shape[2:]) for k, v in heads.items()}  # both steps as the first
-    m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4, spec=VEHICLE_ESTIMATES)
+    m = estimate_metrics({k: v[0] for k, v in heads.items()}, targets[0], 1 / 60, frame_substeps=4, spec=VEHICLE)
     assert m["action_latency_acc"] == 1.0 and m["loop_latency_within_frame"] == 1.0
 
 
@@ -113,8 +113,8 @@ def test_latency_estimate_is_scored_against_the_constant_guess():
             "estimates": torch.zeros(4, 5),
         }
 
-    exact = estimate_metrics(heads([0, 2, 4, 6]), targets, 1 / 60, frame_substeps=4, spec=VEHICLE_ESTIMATES)
-    constant = estimate_metrics(heads([3, 3, 3, 3]), targets, 1 / 60, frame_substeps=4, spec=VEHICLE_ESTIMATES)
+    exact = estimate_metrics(heads([0, 2, 4, 6]), targets, 1 / 60, frame_substeps=4, spec=VEHICLE)
+    constant = estimate_metrics(heads([3, 3, 3, 3]), targets, 1 / 60, frame_substeps=4, spec=VEHICLE)
     assert exact["action_latency_within_frame_constant_guess"] == 1.0 == constant["action_latency_within_frame"]
     assert exact["action_latency_r2"] == pytest.approx(1.0, abs=1e-6)
     assert constant["action_latency_r2"] == pytest.approx(0.0, abs=1e-6)
