@@ -15,12 +15,10 @@ The blurred stage is biased toward a shorter forward motion (a blur in pixels is
 distances), and the sharp stage alone cannot always climb back out of it: the refinement therefore starts from the last
 estimate and from it moved forward by each of `forward_starts`, and keeps the motion whose sharp image matches best (the
 sharp cost's minimum sits within a few mm of the true motion; the blurred ones do not). The bias grows with the blur,
-and more of the ground's few marks helps: ground within 2 m, a 0.7-px blur and starts 0, 2 and 6 cm ahead score R² 0.984
-/ 0.951 / 0.999 on speed / lateral speed / yaw rate against the camera's true pose change on a pure-pursuit drive of the
-default camera env, where ground within 1 m, a 1-px blur and starts 0 and 6 cm scored 0.908 / 0.821 / 0.998 (28 against
-16 ms per frame pair on 2 cores; a single start of the new settings, 11 ms, scores 0.956 / 0.927 / 0.999;
-`experiments.probe_odometry`). A wider blur widens the capture range and costs accuracy; the 6-cm start keeps the range
-for a lock lost short.
+and more of the ground's few marks helps; hence the defaults: ground within 2 m, a 0.7-px blur, and starts 0, 2 and 6 cm
+ahead, each start one more alignment per frame pair (their accuracy against the camera's true pose change and their
+cost: `experiments.research.probe_odometry`, docs/results.md#odometry). A wider blur widens the capture range and costs
+accuracy; the 6-cm start keeps the range for a lock lost short.
 
 What it measures: every pose change is what the frames show, whatever the car was told, so slip and a weak motor
 show through (the history encoder's estimates follow its commands: `adaptation.estimator_fit.estimate_sources`). What
