@@ -1,6 +1,6 @@
 """Train the privileged teacher with PPO (rsl_rl) on ground-truth state and the randomized world.
 
-    python -m experiments.train_teacher default                      # ~5 minutes on 2 CPU cores
+    python -m experiments.train_teacher default                      # a 5-minute budget
     python -m experiments.train_teacher smoke --run-dir /tmp/t
     python -m experiments.train_teacher default --resume runs/teacher  # continue the latest checkpoint exactly
     python -m experiments.train_teacher fast-throttle                # higher max speed in training

@@ -34,7 +34,7 @@ PROXY_EVAL = EvalConfig(start_points=10, laps=1, max_seconds=40.0, seed=7)
 SELECT_PROXY_EVAL = replace(PROXY_EVAL, repeats=4)
 """the proxy score of checkpoint selection: 80 laps. With 20, a lap-completion rate near 90% carries about +-13
 points of binomial noise, as much as the differences between the checkpoints of a run's plateau, and the rank
-correlation measures mostly that noise (about 50 s per checkpoint on 2 cores)"""
+correlation measures mostly that noise (docs/results.md#checkpoint-selection)"""
 
 
 def robust_env_config(env_cfg: EnvConfig, action_noise: float = 0.1) -> EnvConfig:

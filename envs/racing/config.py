@@ -65,8 +65,8 @@ class EnvConfig:
     device: str = "cpu"
     """torch device of the env tensors"""
     compile: bool = False
-    """torch.compile the per-step physics, projection and observation kernels (~2.5x faster at 4096 envs; the
-    first build takes ~20 s, cached afterwards)"""
+    """torch.compile the per-step physics, projection and observation kernels (worth it at thousands of envs; the
+    first build takes a while and is cached afterwards)"""
     car: CarSpec = field(default_factory=CarSpec)
     genesis: GenesisConfig = field(default_factory=GenesisConfig)
     """Genesis engine settings (physics and camera backends `genesis`)"""

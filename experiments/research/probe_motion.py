@@ -20,9 +20,9 @@ simulated episode given a whole recorded residual sequence), and `exact`, the ca
 Each is scored on held-out simulated worlds (what the estimator can do with that motion) and on the recorded episodes
 with each motion source and with the true velocities (what is left of it on the student's own driving): an estimator
 trained on exact odometry reads the measured odometry poorly (it never saw its errors), one trained on the noisy
-odometry reads it far better (README, results). `--motion-from` reads a source's velocities from an
-earlier run's `motion.pt` instead of measuring them again (the odometry takes about 18 ms per frame pair here with one
-forward start, twice that with the default two).
+odometry reads it far better (docs/results.md#why-the-default-estimator-misses-friction). `--motion-from` reads a
+source's velocities from an earlier run's `motion.pt` instead of measuring them again (the odometry is the slow part:
+it aligns every frame pair once per forward start).
 """
 
 from __future__ import annotations
@@ -115,8 +115,9 @@ class ProbeMotionConfig:
     sim_estimator_steps: int = 12000
     """gradient steps of the estimator fitted on the simulated worlds"""
     sim_estimator_batch: int = 128
-    """windows per gradient step of the estimator fitted on the simulated worlds (thousands of worlds: 128 windows
-    a step gave friction 0.84 on held-out exact-odometry worlds where 32 gave 0.72)"""
+    """windows per gradient step of the estimator fitted on the simulated worlds (thousands of worlds want a larger
+    batch than a run's recorded episodes: measured better, see
+    docs/results.md#why-the-default-estimator-misses-friction)"""
     teacher: str = ""
     """driver of the simulated worlds (default: the run's teacher, as the checkpoint names it)"""
     seed: int = 0
