@@ -33,7 +33,7 @@ def _limit_msaa_samples() -> None:
 
     Genesis' renderer always asks for min(GL_MAX_SAMPLES, 4) samples when it creates a camera's framebuffer (on the
     first render); answering that query with `_MSAA["samples"]` makes the count a setting. A software rasterizer
-    shades every sample, so 4 samples cost ~3x the render time of a 160x120 frame.
+    shades every sample, so each sample adds to the render time of a 160x120 frame.
     """
     import_genesis()
     from genesis.ext.pyrender import renderer

@@ -79,7 +79,7 @@ class _CpuName:
 @contextmanager
 def _cpu_name_without_subprocess():
     """`gs.init` on the CPU backend asks py-cpuinfo for the CPU's name, for its start-up banner only, and py-cpuinfo
-    answers from a Python subprocess: about 1.2 s of every Genesis start-up. The name is read from /proc/cpuinfo
+    answers from a Python subprocess, a noticeable part of every Genesis start-up. The name is read from /proc/cpuinfo
     instead while `gs.init` runs; where Genesis no longer looks the name up that way, nothing is replaced."""
     import_genesis()
     import genesis.utils.misc as gs_misc
