@@ -3,9 +3,16 @@
     python -m experiments.ablate student --teacher runs/teacher/checkpoints/iter_000400.pt \\
         --variants base beta-zero no-history no-augment
     python -m experiments.ablate teacher --variants base no-reverse no-random-start no-noise dropout-0.3
+    python -m experiments.ablate student --teacher … --student-args "default --dagger.rounds 10"   # another budget
 
-Each variant is a set of field overrides of the stage's config (see VARIANTS); the DeepRacer team's findings map
-onto them (reversed direction, random starts, action noise, augmentation types, dropout, entropy, max throttle).
+Each variant is a list of override flags of the stage's script (see VARIANTS), appended to the base run's preset and
+flags (`--teacher-args`, `--student-args`); the DeepRacer team's findings map onto them (reversed direction, random
+starts, action noise, augmentation types, dropout, entropy, max throttle). Every variant trains in its own process
+(`python -m experiments.train_teacher` / `experiments.distill_student`, its run directory `<out-dir>/<variant>`), and
+its row is read back from that run's `eval.json`. A finished variant is not run again, one that was stopped part-way
+resumes from its latest checkpoint (the command each variant ran is kept in its run directory, and a directory holding
+another command is refused). A variant that fails stops the ablation with one line naming it and its exit code.
+
 With `--proxy`, every variant's final policy is also evaluated in the reality proxy (`--proxy-reality.*`,
 `--proxy-eval.*`), which is where the transfer findings (augmentation, dropout, entropy, max throttle) show: the
 training sim cannot tell them apart. `--proxy-top-speed 2.8` races every variant there at the same top speed through
@@ -18,58 +25,70 @@ Results: `ablation.json` and `ablation.md` in the output directory.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from rich.console import Console
+import yaml
 from rich.table import Table
 
-from envs.augment import AugmentConfig
+from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint
+from datasets.run_logger import WandbConfig, check_login, wandb_flags
 from envs.config_io import to_yaml, write_text_atomic
+from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
-from experiments import distill_student, train_teacher
-from experiments.cli import run
-from experiments.wandb_logger import WandbConfig
-from student.dagger import DaggerConfig
+from experiments.cli import run, run_stage, stage_args
+from student.policies import load_policy
+from student.transfer import evaluate_one
 
-VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+
+def only_augmentation(name: str) -> tuple[str, ...]:
+    """One augmentation at probability 1, the others off."""
+    kinds = ("color", "translate", "shadow", "sharpen", "noise")
+    return tuple(flag for kind in kinds for flag in (f"--augment.{kind}-p", "1" if kind == name else "0"))
+
+
+VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "teacher": {
-        "base": {},
-        "no-reverse": {"env.randomization.direction": "forward"},
-        "no-random-start": {"env.randomization.random_start": False},
-        "no-noise": {"env.randomization.action_noise": False},
-        "no-latency": {"env.randomization.action_latency": False, "env.randomization.camera_latency": False},
-        "dropout-0.3": {"policy.dropout": 0.3},
-        "entropy-0.01": {"ppo.entropy_coef": 0.01},
-        "fast-throttle": {"env.action_space": "fast-throttle"},
-        "blind-to-grip": {"policy.hidden_factors": ("friction", "mass_scale", "motor_gain")},
+        "base": (),
+        "no-reverse": ("--env.randomization.direction", "forward"),
+        "no-random-start": ("--env.randomization.no-random-start",),
+        "no-noise": ("--env.randomization.no-action-noise",),
+        "no-latency": ("--env.randomization.no-action-latency", "--env.randomization.no-camera-latency"),
+        "dropout-0.3": ("--policy.dropout", "0.3"),
+        "entropy-0.01": ("--ppo.entropy-coef", "0.01"),
+        "fast-throttle": ("--env.action-space", "fast-throttle"),
+        "blind-to-grip": ("--policy.hidden-factors", "friction", "mass_scale", "motor_gain"),
     },
     "student": {
-        "base": {},
-        "beta-zero": {"dagger.beta": "zero"},
-        "beta-exponential": {"dagger.beta": "exponential"},
-        "gating": {"dagger.gating": True},
-        "no-history": {"student.history.kind": "none"},
-        "gru-history": {"student.history.kind": "gru"},
-        "no-factor-estimator": {"student.estimator.kind": "none"},
-        "motion-encoder": {"student.encoder.motion": True},
-        "no-augment": {"augment": AugmentConfig.off()},
-        "color-only": {"augment": AugmentConfig.only("color")},
-        "translate-only": {"augment": AugmentConfig.only("translate")},
-        "shadow-only": {"augment": AugmentConfig.only("shadow")},
-        "sharpen-only": {"augment": AugmentConfig.only("sharpen")},
-        "noise-only": {"augment": AugmentConfig.only("noise")},
-        "dropout-0.3": {"student.head_dropout": 0.3},
-        "low-grip-data": {"dagger.low_grip_share": 0.5},
-        "dense-encoder-gradient": {"dagger.cnn_grad_stride": 1},
+        "base": (),
+        "beta-zero": ("--dagger.beta", "zero"),
+        "beta-exponential": ("--dagger.beta", "exponential"),
+        "gating": ("--dagger.gating",),
+        "no-history": ("--student.history.kind", "none"),
+        "gru-history": ("--student.history.kind", "gru"),
+        "no-factor-estimator": ("--student.estimator.kind", "none"),
+        "motion-encoder": ("--student.encoder.motion",),
+        "no-augment": ("--augment.no-enabled",),
+        "color-only": only_augmentation("color"),
+        "translate-only": only_augmentation("translate"),
+        "shadow-only": only_augmentation("shadow"),
+        "sharpen-only": only_augmentation("sharpen"),
+        "noise-only": only_augmentation("noise"),
+        "dropout-0.3": ("--student.head-dropout", "0.3"),
+        "low-grip-data": ("--dagger.low-grip-share", "0.5"),
+        "dense-encoder-gradient": ("--dagger.cnn-grad-stride", "1"),
     },
 }
+"""each stage's variants: override flags of its script, after the base run's preset and flags"""
 
+STAGE_MODULES = {"teacher": "experiments.train_teacher", "student": "experiments.distill_student"}
+CHECKPOINTS = {"teacher": TEACHER_CHECKPOINTS, "student": STUDENT_CHECKPOINTS}
+COMMAND_FILE = "ablation_command.json"
+"""in a variant's run directory: the command it runs (without `--resume`)"""
 
 SHORT = {
     "lap_completion": "laps", "forward/lap_completion": "fwd", "reverse/lap_completion": "rev",
@@ -83,16 +102,6 @@ SHORT = {
 """terminal column headers (the Markdown and JSON keep the full names)"""
 
 
-def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
-    """Frozen-dataclass `replace` along dotted paths, e.g. {"env.randomization.direction": "forward"}."""
-    for path, value in overrides.items():
-        head, _, rest = path.partition(".")
-        if not dataclasses.is_dataclass(cfg) or head not in {f.name for f in dataclasses.fields(cfg)}:
-            raise ConfigError(f"ablation override {path!r}: no field {head!r} in {type(cfg).__name__}")
-        cfg = replace(cfg, **{head: apply_overrides(getattr(cfg, head), {rest: value}) if rest else value})
-    return cfg
-
-
 @dataclass(frozen=True)
 class AblateConfig:
     """Which stage, which variants, what budget."""
@@ -103,14 +112,12 @@ class AblateConfig:
     """variant names (see VARIANTS)"""
     teacher: str = ""
     """teacher checkpoint (student stage)"""
-    teacher_cfg: train_teacher.TrainTeacherConfig = field(
-        default_factory=lambda: replace(train_teacher.PRESETS["default"][1], generalization_tracks=())
-    )
-    """base teacher run"""
-    student_cfg: distill_student.DistillConfig = field(
-        default_factory=lambda: replace(distill_student.PRESETS["default"][1], dagger=DaggerConfig(rounds=6))
-    )
-    """base student run (every variant gets the same budget)"""
+    teacher_args: str = "default --generalization-tracks"
+    """the base teacher run: `experiments.train_teacher` preset and flags (the ablation adds each variant's flags,
+    --run-dir and --wandb.*)"""
+    student_args: str = "default --dagger.rounds 6"
+    """the base student run: `experiments.distill_student` preset and flags, the same budget for every variant (the
+    ablation adds each variant's flags, --teacher, --run-dir and --wandb.*)"""
     out_dir: str = "runs/ablation"
     """one run directory per variant under here, plus ablation.json / ablation.md"""
     wandb: WandbConfig = field(default_factory=lambda: WandbConfig(mode="offline"))
@@ -128,6 +135,22 @@ class AblateConfig:
 
     def __post_init__(self) -> None:
         check_range("proxy_top_speed", self.proxy_top_speed, 0.0, 20.0)
+        stage_args("teacher_args", self.teacher_args)
+        stage_args("student_args", self.student_args)
+
+
+def variant_command(cfg: AblateConfig, name: str) -> list[str]:
+    """The arguments of a variant's stage script: the base run, the variant's flags, where its run goes."""
+    run_dir = Path(cfg.out_dir) / name
+    base = stage_args(f"{cfg.stage}_args", cfg.teacher_args if cfg.stage == "teacher" else cfg.student_args)
+    teacher = ["--teacher", cfg.teacher] if cfg.stage == "student" else []
+    wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=(name,))
+    return [*base, *VARIANTS[cfg.stage][name], *teacher, "--run-dir", str(run_dir), *wandb_flags(wandb)]
+
+
+def run_config(run_dir: Path) -> dict:
+    """A finished run's resolved config (`config.yaml`, written by its script)."""
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
 def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
@@ -161,17 +184,14 @@ PROXY_KEYS = (
 def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     """The proxy columns of a finished variant: its final checkpoint evaluated in `cfg.proxy_reality`, read back from
     `proxy.json` when that was written for the same checkpoint and settings."""
-    from experiments.evaluate import evaluate_one, load_policy
-
-    pattern = "iter_*.pt" if cfg.stage == "teacher" else "round_*.pt"
-    checkpoints = sorted((run_dir / "checkpoints").glob(pattern))
-    if not checkpoints:
-        raise ConfigError(f"{run_dir}: no checkpoints/{pattern} to evaluate in the reality proxy")
-    policy = load_policy(str(checkpoints[-1]))
+    checkpoint = latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage])
+    if checkpoint is None:
+        raise ConfigError(f"{run_dir}: no checkpoints/{CHECKPOINTS[cfg.stage]} to evaluate in the reality proxy")
+    policy = load_policy(str(checkpoint))
     top = policy.action_space.max_speed
     percent = min(100.0, 100.0 * cfg.proxy_top_speed / top) if cfg.proxy_top_speed > 0 else 100.0
     key = {
-        "checkpoint": checkpoints[-1].name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval),
+        "checkpoint": checkpoint.name, "reality": to_yaml(cfg.proxy_reality), "eval": to_yaml(cfg.proxy_eval),
         "columns": list(PROXY_KEYS), **({"max_speed_percent": percent} if cfg.proxy_top_speed > 0 else {}),
     }  # fmt: skip
     path = run_dir / "proxy.json"
@@ -194,32 +214,38 @@ def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
 
 
 def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
-    """Train one variant, or read it back: a finished variant (its `eval.json` written under the same config) is not
-    run again, and one that was stopped part-way resumes from its latest checkpoint, so a killed ablation continues
-    where it stopped."""
-    overrides = VARIANTS[cfg.stage][name]
-    wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=(name,))
+    """Train one variant in its own process, or read it back: a finished variant (its `eval.json` written by the same
+    command) is not run again, and one that was stopped part-way resumes from its latest checkpoint, so a killed
+    ablation continues where it stopped."""
     run_dir = Path(cfg.out_dir) / name
-    if cfg.stage == "teacher":
-        stage, base = train_teacher, apply_overrides(cfg.teacher_cfg, overrides)
-        has_checkpoint = any((run_dir / "checkpoints").glob("iter_*.pt"))
-    else:
-        stage, base = distill_student, apply_overrides(replace(cfg.student_cfg, teacher=cfg.teacher), overrides)
-        has_checkpoint = any((run_dir / "checkpoints").glob("round_*.pt"))
-    run_cfg = replace(base, run_dir=str(run_dir), wandb=wandb, resume="")
-    resumed_cfg = replace(run_cfg, resume=str(run_dir))
-    track = run_cfg.env.track if cfg.stage == "teacher" else ""
-    written = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else None
-    if written is not None and written not in (to_yaml(run_cfg), to_yaml(resumed_cfg)):
+    module, args = STAGE_MODULES[cfg.stage], variant_command(cfg, name)
+    command = {"module": module, "args": args}
+    record = run_dir / COMMAND_FILE
+    ran = json.loads(record.read_text()) if record.is_file() else None
+    if (ran is not None and ran != command) or (ran is None and (run_dir / "config.yaml").exists()):
         raise ConfigError(
             f"ablation variant {name!r}: {run_dir} holds a run with another configuration; "
             "use another --out-dir (or remove that directory) to run this one"
         )
-    if written is not None and (run_dir / "eval.json").exists():
-        row = _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
-    else:
-        row = _row(cfg.stage, stage.main(resumed_cfg if has_checkpoint else run_cfg), track)
+    if ran is None or not (run_dir / "eval.json").exists():
+        write_text_atomic(record, json.dumps(command, indent=2))
+        resume = ["--resume", str(run_dir)] if latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage]) else []
+        run_stage(f"ablation variant {name!r}", module, [*args, *resume])
+    track = run_config(run_dir)["env"]["track"] if cfg.stage == "teacher" else ""
+    row = _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
     return row | proxy_row(cfg, run_dir) if cfg.proxy else row
+
+
+def budget(cfg: AblateConfig) -> str:
+    """What every variant was given, from the first variant's resolved config."""
+    resolved = run_config(Path(cfg.out_dir) / cfg.variants[0])
+    if cfg.stage == "student":
+        return f"{resolved['dagger']['rounds']} DAgger rounds each, teacher {cfg.teacher}"
+    trainer = resolved["trainer"]
+    text = f"{trainer['iterations']} PPO iterations each"
+    if trainer["max_minutes"] > 0:
+        text += f", or {trainer['max_minutes']:g} minutes of wall time if that comes first"
+    return text
 
 
 def main(cfg: AblateConfig) -> dict:
@@ -228,20 +254,14 @@ def main(cfg: AblateConfig) -> dict:
         raise ConfigError(f"unknown {cfg.stage} variants {unknown}; known: {sorted(VARIANTS[cfg.stage])}")
     if cfg.stage == "student" and not cfg.teacher:
         raise ConfigError("--teacher is required for student ablations")
+    check_login(cfg.wandb)
     results = {name: run_variant(cfg, name) for name in cfg.variants}
     cols = list(next(iter(results.values())))
     table = Table(title=f"{cfg.stage} ablation")
     table.add_column("variant")
     for c in cols:
         table.add_column(SHORT.get(c, c), justify="right")
-    if cfg.stage == "student":
-        budget = f"{cfg.student_cfg.dagger.rounds} DAgger rounds each, teacher {cfg.teacher}"
-    else:
-        trainer = cfg.teacher_cfg.trainer
-        budget = f"{trainer.iterations} PPO iterations each"
-        if trainer.max_minutes > 0:
-            budget += f", or {trainer.max_minutes:g} minutes of wall time if that comes first"
-    lines = [f"{cfg.stage} ablation, {budget}", ""]
+    lines = [f"{cfg.stage} ablation, {budget(cfg)}", ""]
     if cfg.proxy:
         r = cfg.proxy_reality
         lines[-1:] = [
@@ -254,7 +274,7 @@ def main(cfg: AblateConfig) -> dict:
         cells = [f"{row[c]:.3f}" for c in cols]
         table.add_row(name, *cells)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    Console().print(table)
+    make_console().print(table)
     out = Path(cfg.out_dir)
     write_text_atomic(out / "ablation.json", json.dumps(results, indent=2))
     write_text_atomic(out / "ablation.md", "\n".join(lines) + "\n")
