@@ -1,4 +1,4 @@
-"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop (~15 minutes).
+"""`make demo`: the whole pipeline on built-in defaults, small enough for a 2-core laptop.
 
 the scripted driver on the contact-wheel Genesis car with a strip of Genesis-rendered frames -> teacher (PPO on
 ground truth) -> student (DAgger from the camera) -> teacher vs student table -> export (ONNX, OpenVINO, DeepRacer
