@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from datasets.rollouts import SCHEMA_VERSION, ShardError
+from envs.camera_model import preprocess
 
 LOG_FIELDS = {
     "time": ((), "float64"),
@@ -46,8 +47,6 @@ class RealLogWriter:
         self.substep_ms = frame_period_ms
 
     def step(self, now: float, frame: np.ndarray, cmd, outputs: dict, late: bool) -> None:
-        from student.deploy import preprocess
-
         gray = preprocess(frame)[0, 0].astype(np.uint8)
         est = outputs.get("estimates")
         est = (

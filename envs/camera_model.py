@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -94,3 +95,16 @@ def project_point(cfg: CameraConfig, point_car: tuple[float, float, float]) -> t
     right = -py
     f = (cfg.width / 2.0) / math.tan(math.radians(cfg.hfov_deg) / 2.0)
     return cfg.width / 2.0 + f * right / fwd, cfg.height_px / 2.0 + f * down / fwd
+
+
+def preprocess(frame: np.ndarray) -> np.ndarray:
+    """Any camera image -> `(1, 1, 120, 160)` float32 raw 0-255 grayscale, as the car preprocesses."""
+    import cv2
+
+    if frame.ndim == 3 and frame.shape[2] == 3:
+        frame = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
+    elif frame.ndim == 3:
+        frame = frame[..., 0]
+    if frame.shape != (120, 160):
+        frame = cv2.resize(frame, (160, 120), interpolation=cv2.INTER_AREA)
+    return frame.astype(np.float32)[None, None]

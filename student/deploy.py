@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from envs.camera_model import preprocess
 from envs.errors import GapbridgeError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE, ActionSpace, Calibration
 
@@ -33,19 +34,6 @@ class FrameSource(Protocol):
     """Delivers camera frames: `read()` -> (BGR or gray uint8 image, capture timestamp in seconds) or None."""
 
     def read(self) -> tuple[np.ndarray, float] | None: ...
-
-
-def preprocess(frame: np.ndarray) -> np.ndarray:
-    """Any camera image -> `(1, 1, 120, 160)` float32 raw 0-255 grayscale, as the car preprocesses."""
-    import cv2
-
-    if frame.ndim == 3 and frame.shape[2] == 3:
-        frame = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
-    elif frame.ndim == 3:
-        frame = frame[..., 0]
-    if frame.shape != (120, 160):
-        frame = cv2.resize(frame, (160, 120), interpolation=cv2.INTER_AREA)
-    return frame.astype(np.float32)[None, None]
 
 
 class OnnxBackend:
