@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor
 
 from adaptation.factor_estimator import FACTORS, MOTION, FactorEstimator, normalize_velocities
@@ -279,7 +280,8 @@ def _losses(heads: dict[str, Tensor], targets: Tensor, weights: Tensor, dt_physi
 
     def ce(logits: Tensor, column: int) -> Tensor:
         cls = latency_class(targets[..., column], dt_physics, logits.shape[-1])
-        return (F.cross_entropy(logits.flatten(0, 1), cls.flatten(), reduction="none") * weights.flatten()).sum()
+        flat = rearrange(logits, "b t k -> (b t) k"), rearrange(cls, "b t -> (b t)")
+        return (F.cross_entropy(*flat, reduction="none") * rearrange(weights, "b t -> (b t)")).sum()
 
     spec = VEHICLE_ESTIMATES
     factors = torch.stack([(targets[..., spec.column(n)] - spec.scale[n][0]) / spec.scale[n][1] for n in FACTORS], -1)

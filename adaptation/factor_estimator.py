@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from adaptation.history_encoder import causal_blocks, tcn_step, tcn_window
@@ -131,7 +132,7 @@ class FactorEstimator(nn.Module):
 
     def _expanded_input(self, window: Tensor) -> Tensor:
         """The input convolution over `(N, INPUT_DIM, T)` raw inputs, their features added."""
-        return self.inp(self.expand(window.transpose(1, 2)).transpose(1, 2))
+        return self.inp(rearrange(self.expand(rearrange(window, "n d t -> n t d")), "n t f -> n f t"))
 
     def _heads(self, h: Tensor) -> dict[str, Tensor]:
         return {

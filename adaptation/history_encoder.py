@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from envs.errors import check_range
@@ -65,16 +66,16 @@ def tcn_window(x: Tensor, inp: nn.Conv1d, blocks: nn.ModuleList, context: int) -
     """Causal TCN over `(B, T, D)` inputs (zero where padded) -> `(B, T, C)`. Zero inputs before the window, as in a
     freshly reset deployment state (`tcn_step` from zeros): every output then equals what `tcn_step` computes whenever
     the window holds the step's `context` or its episode start."""
-    h = inp(F.pad(x, (0, 0, context, 0)).transpose(1, 2))
+    h = inp(rearrange(F.pad(x, (0, 0, context, 0)), "b t d -> b d t"))
     for block in blocks:
         h = block(h)
-    return h[:, :, context:].transpose(1, 2)
+    return rearrange(h[:, :, context:], "b c t -> b t c")
 
 
 def tcn_step(x: Tensor, state: Tensor, inp: Callable[[Tensor], Tensor], blocks: nn.ModuleList) -> tuple[Tensor, Tensor]:
     """One step `(N, D)` with the last `context` inputs `(N, context, D)` -> (features `(N, C)`, new state)."""
-    window = torch.cat([state, x.unsqueeze(1)], dim=1)
-    h = inp(window.transpose(1, 2))
+    window = torch.cat([state, rearrange(x, "n d -> n 1 d")], dim=1)
+    h = inp(rearrange(window, "n t d -> n d t"))
     for block in blocks:
         h = block(h)
     return h[:, :, -1], window[:, 1:]
@@ -121,11 +122,11 @@ class HistoryEncoder(nn.Module):
         pad = (~mask).sum(1, keepdim=True)  # (B, 1)
         pos = torch.arange(t, device=x.device)[None, :]
         src = (pos + pad).clamp(max=t - 1)  # shifted step i reads real step i + pad
-        shifted = x.gather(1, src[..., None].expand(-1, -1, x.shape[-1])) * (pos + pad < t)[..., None]
+        shifted = x.gather(1, repeat(src, "b t -> b t d", d=x.shape[-1])) * (pos + pad < t)[..., None]
         h0 = torch.zeros(1, b, self.cfg.channels, device=x.device)
         out, _ = self.gru(shifted, h0)
         back = (pos - pad).clamp(min=0)  # real step i is shifted step i - pad
-        return out.gather(1, back[..., None].expand(-1, -1, out.shape[-1])) * mask[..., None]
+        return out.gather(1, repeat(back, "b t -> b t c", c=out.shape[-1])) * mask[..., None]
 
     def heads(self, h: Tensor) -> dict[str, Tensor]:
         heads = {"z_hat": torch.tanh(self.z_head(h))}
@@ -145,5 +146,5 @@ class HistoryEncoder(nn.Module):
         x = self.project(step_input)
         if self.cfg.kind == "tcn":
             return tcn_step(x, state, self.inp, self.blocks)
-        out, hidden = self.gru(x.unsqueeze(1), state.transpose(0, 1).contiguous())
-        return out[:, -1], hidden.transpose(0, 1)
+        out, hidden = self.gru(rearrange(x, "n d -> n 1 d"), rearrange(state, "n l c -> l n c").contiguous())
+        return out[:, -1], rearrange(hidden, "l n c -> n l c")

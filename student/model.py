@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from einops import rearrange
 from tensordict import TensorDict
 from torch import Tensor, nn
 
@@ -155,8 +156,9 @@ class StudentModel(nn.Module):
 
         def encode(idx: Tensor | slice) -> Tensor:
             frames = camera[:, idx]
-            prev = None if previous is None else previous[:, idx].flatten(0, 1)
-            return self.encoder(frames.flatten(0, 1), prev).view(b, frames.shape[1], -1)
+            prev = None if previous is None else rearrange(previous[:, idx], "b t c h w -> (b t) c h w")
+            emb = self.encoder(rearrange(frames, "b t c h w -> (b t) c h w"), prev)
+            return rearrange(emb, "(b t) e -> b t e", b=b)
 
         if grad_stride > 1 and t - c > 1:
             pos = torch.arange(t, device=camera.device)
