@@ -16,7 +16,7 @@ from envs.racing.evaluation import EvalConfig
 from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
 from envs.task import get_task
 from envs.vehicle import VEHICLE_ESTIMATES
-from experiments.observability import ObservabilityConfig, main
+from experiments.research.observability import ObservabilityConfig, main
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.trainer import TeacherTrainer, TrainerConfig
 

@@ -206,7 +206,7 @@ def test_probe_odometry_scores_both_trackers_against_the_camera_pose_change(tmp_
     the speed and yaw rate well (R² > 0.8 and > 0.95 on this deterministic drive)."""
     import json
 
-    from experiments.probe_odometry import ProbeOdometryConfig, drive, main
+    from experiments.research.probe_odometry import ProbeOdometryConfig, drive, main
 
     cfg = ProbeOdometryConfig(envs=4, steps=24, after_steps=4, out_dir=str(tmp_path))
     rows, env_cfg = drive(cfg)

@@ -13,8 +13,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+def run(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -92,17 +92,121 @@ def test_demo_smoke_runs_every_stage(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"teacher", "student", "export", "deployment_loop", "transfer"} <= set(summary)
-    assert (tmp_path / "export" / "student.onnx").is_file()
+    assert (tmp_path / "export" / "student.onnx").is_file() and "student.onnx" in summary["export"]["files"]
+    assert summary["deployment_loop"]["steps"] == 10 and summary["student"]["rounds"] == 2
+    assert summary["teacher"]["checkpoint"].endswith("iter_000003.pt")
     assert "consecutive-good" in (tmp_path / "transfer" / "transfer.md").read_text()
 
 
-def test_every_ablation_variant_applies_to_its_stage_config():
-    from experiments.ablate import VARIANTS, AblateConfig, apply_overrides
+def test_every_ablation_variant_changes_its_stage_config():
+    """Each variant's flags parse as the stage script's own command line and change its base run (`base` alone
+    changes nothing)."""
+    from experiments import distill_student, train_teacher
+    from experiments.ablate import VARIANTS, AblateConfig
+    from experiments.cli import parse, stage_args
 
     base = AblateConfig()
     for stage, variants in VARIANTS.items():
-        cfg = base.teacher_cfg if stage == "teacher" else base.student_cfg
-        for name, overrides in variants.items():
-            changed = apply_overrides(cfg, overrides)
+        presets = train_teacher.PRESETS if stage == "teacher" else distill_student.PRESETS
+        args = stage_args(stage, base.teacher_args if stage == "teacher" else base.student_args)
+        cfg = parse(presets, "", args)
+        for name, flags in variants.items():
+            changed = parse(presets, "", [*args, *flags])
             assert (changed == cfg) == (name == "base"), f"{stage} variant {name!r} changes nothing"
-    assert apply_overrides(base.student_cfg, VARIANTS["student"]["motion-encoder"]).student.encoder.motion
+    student = distill_student.PRESETS
+    args = stage_args("student", base.student_args)
+    assert parse(student, "", [*args, *VARIANTS["student"]["motion-encoder"]]).student.encoder.motion
+    assert not parse(student, "", [*args, *VARIANTS["student"]["no-augment"]]).augment.enabled
+    color = parse(student, "", [*args, *VARIANTS["student"]["color-only"]]).augment
+    assert (color.color_p, color.translate_p, color.shadow_p, color.sharpen_p, color.noise_p) == (1, 0, 0, 0, 0)
+    assert parse(student, "", args).dagger.rounds == 6, "every variant gets the same budget"
+
+
+def test_no_script_imports_another():
+    """experiments/ holds entry points only: a script imports the library and `experiments.cli`, never another
+    script (a stage that needs another runs it as a subprocess)."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "experiments").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] if node.module != "experiments" else [f"experiments.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom):  # relative: from . import x / from .x import y
+                names = [f"experiments.<relative>.{node.module or ''}"]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "experiments" and name != "experiments.cli":
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not offenders, "scripts importing other experiments modules:\n" + "\n".join(offenders)
+
+
+def test_demo_stops_at_a_failing_stage_with_its_exit_code_and_says_where_results_went(tmp_path):
+    bad = tmp_path / "broken_track.npy"
+    np.save(bad, np.zeros((5, 3)))
+    out = tmp_path / "demo"
+    proc = run("experiments.demo", "smoke", "--out-dir", str(out), "--genesis-drive", f"smoke --tracks {bad}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "demo stage" in line]
+    assert lines == ["error: demo stage 1/6 (python -m experiments.drive_scripted) failed with exit code 2"]
+    assert "results so far" in proc.stdout and str(out.resolve()) in proc.stdout
+    assert not (out / "teacher").exists(), "the stages after the failing one did not run"
+    proc = run("experiments.demo", "smoke", "--out-dir", str(out), "--teacher=--trainer.iterations 2")
+    assert proc.returncode == 2 and "preset first" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_stage_passes_on_its_exit_code(tmp_path, monkeypatch):
+    """A stage's own exit code is what its caller exits with; a stage killed by a signal ends its caller with 1."""
+    import pytest
+
+    from experiments.cli import StageFailed, run_stage
+
+    (tmp_path / "exits_3.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "killed.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{ROOT}")
+    run_stage("a stage", "json.tool", ["--help"])  # exit 0: nothing raised
+    with pytest.raises(StageFailed, match=r"^a stage \(python -m exits_3\) failed with exit code 3$") as failed:
+        run_stage("a stage", "exits_3", [])
+    assert failed.value.exit_code == 3
+    with pytest.raises(StageFailed) as failed:
+        run_stage("a stage", "killed", [])
+    assert failed.value.returncode < 0 and failed.value.exit_code == 1
+
+
+def test_wandb_online_without_a_login_is_refused_before_anything_runs(tmp_path):
+    """No WANDB_API_KEY and an empty netrc: `--wandb.mode online` ends in one line that says how to log in, exit 2,
+    before the run directory (or any env) exists."""
+    empty = tmp_path / "netrc"
+    empty.write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE")}
+    env.update(NETRC=str(empty), HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "xdg"))
+    for script, extra in (("experiments.train_teacher", ["--run-dir", str(tmp_path / "run")]),
+                          ("experiments.demo", ["--out-dir", str(tmp_path / "demo")])):  # fmt: skip
+        proc = run(script, "smoke", "--wandb.mode", "online", *extra, env=env)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "wandb login" in proc.stderr and "WANDB_API_KEY" in proc.stderr and "--wandb.mode offline" in proc.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "demo").exists()
+
+
+def test_tables_in_a_log_keep_a_track_file_named_by_its_stem_in_full(tmp_path):
+    """Piped output (not a terminal) keeps every table cell whole, and a track given as a file is named by its stem in
+    the table and the plot's file name, not by its path."""
+    from envs.racing.builtin_tracks import builtin_track
+
+    stem = "a_track_with_a_name_far_longer_than_an_eighty_column_table_has_room_for"
+    track = tmp_path / "tracks" / f"{stem}.npy"
+    track.parent.mkdir()
+    builtin_track("oval").save_deepracer_npy(track)
+    out = tmp_path / "out"
+    proc = run("experiments.drive_scripted", "smoke", "--tracks", str(track), "--out-dir", str(out),
+               "--eval.start-points", "1", "--eval.max-seconds", "3", "--camera-frames", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if stem in line]
+    assert len(rows) == 2 and all("forward" in r or "reverse" in r for r in rows), proc.stdout
+    assert "…" not in proc.stdout and str(track.parent) not in proc.stdout
+    assert (out / f"{stem}_trajectories.png").is_file()

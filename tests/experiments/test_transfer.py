@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from envs.config_io import to_yaml
-from experiments.transfer import (
+from student.transfer import (
     pick_best,
     pick_consecutive_good,
     pick_last,
@@ -75,7 +75,7 @@ def test_split_half_reliability_is_one_without_noise_near_zero_for_pure_noise_an
 
 
 def test_report_counts_the_checkpoints_the_proxy_cannot_tell_from_the_best():
-    from experiments.transfer_report import indistinguishable_from_best
+    from student.transfer_report import indistinguishable_from_best
 
     rows = [{"proxy": {"lap_completion_ci_low": lo, "lap_completion_ci_high": hi}}
             for lo, hi in ((0.0, 0.2), (0.6, 0.95), (0.83, 1.0), (0.5, 0.82))]  # fmt: skip
@@ -83,7 +83,7 @@ def test_report_counts_the_checkpoints_the_proxy_cannot_tell_from_the_best():
 
 
 def test_robust_summaries_rank_by_their_own_metric():
-    from experiments.transfer import spearman_by_summary
+    from student.transfer import spearman_by_summary
 
     # Three checkpoints: progress rises, the worst direction falls, off-tracks fall (fewer is better).
     robust = [
@@ -130,7 +130,7 @@ def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from experiments.transfer_report import scatter_figure
+    from student.transfer_report import scatter_figure
 
     result = {"spearman_robust_vs_proxy": 0.9, "spearman_fixed_lap_vs_proxy": 0.3}
     fig = scatter_figure([0.2, 0.8, 0.9], [0.5, 1.0, 1.0], [0.1, 0.7, 0.9], {2: "last", 1: "consecutive-good"}, result)
@@ -147,48 +147,51 @@ def test_score_cache_reuses_an_evaluation_only_unchanged_and_with_its_own_settin
     import json
     import os
 
-    from experiments.select_checkpoint import PRESETS, ScoreCache
+    from experiments.select_checkpoint import PRESETS, score_cache
 
     cfg = PRESETS["smoke"][1]
+
+    def cached(cfg):
+        return score_cache(tmp_path / "scores.json", cfg)
+
     ckpt = tmp_path / "round_001.pt"
     ckpt.write_bytes(b"weights")
-    cache = ScoreCache(tmp_path / "scores.json", cfg)
+    cache = cached(cfg)
     cache.put(ckpt, "proxy", {"proxy": {"score": 0.5}, "proxy_episodes": [0.5], "proxy_seconds": 1.0})
     cache.put(ckpt, "robust", {"robust": {"score": 0.7}, "robust_episodes": [0.7], "robust_seconds": 1.0})
-    got = ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)
+    got = cached(cfg).get(ckpt)
     assert got == {"proxy": {"score": 0.5}, "proxy_episodes": [0.5], "proxy_seconds": 1.0,
                    "robust": {"score": 0.7}, "robust_episodes": [0.7], "robust_seconds": 1.0}  # fmt: skip
-    assert ScoreCache(tmp_path / "scores.json", cfg, enabled=False).get(ckpt) == {}
+    assert cached(replace(cfg, reuse_scores=False)).get(ckpt) == {}
     more_robust = replace(cfg, robust=replace(cfg.robust, repeats=cfg.robust.repeats + 1))
-    assert set(ScoreCache(tmp_path / "scores.json", more_robust).get(ckpt)) == {"proxy", "proxy_episodes",
-                                                                                "proxy_seconds"}  # fmt: skip
+    assert set(cached(more_robust).get(ckpt)) == {"proxy", "proxy_episodes", "proxy_seconds"}
     noisier = replace(cfg, action_noise=0.2)
-    assert "robust" not in ScoreCache(tmp_path / "scores.json", noisier).get(ckpt), "the noise changes robust episodes"
+    assert "robust" not in cached(noisier).get(ckpt), "the noise changes robust episodes"
     other = replace(cfg, proxy=replace(cfg.proxy, seed=cfg.proxy.seed + 1))
-    assert set(ScoreCache(tmp_path / "scores.json", other).get(ckpt)) == {"robust", "robust_episodes", "robust_seconds"}
+    assert set(cached(other).get(ckpt)) == {"robust", "robust_episodes", "robust_seconds"}
     slower = replace(cfg, max_speed_percent=80.0)
-    assert ScoreCache(tmp_path / "scores.json", slower).get(ckpt) == {}, "the car's speed setting changes every score"
+    assert cached(slower).get(ckpt) == {}, "the car's speed setting changes every score"
     st = ckpt.stat()
     os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) == {}, "a rewritten checkpoint is scored again"
+    assert cached(cfg).get(ckpt) == {}, "a rewritten checkpoint is scored again"
     (tmp_path / "scores.json").write_text("{not json")
-    assert ScoreCache(tmp_path / "scores.json", cfg).get(ckpt) == {}
+    assert cached(cfg).get(ckpt) == {}
     # a file written with one key for whole rows: each evaluation is kept under the settings it was scored with
     settings = {k: to_yaml(getattr(cfg, k)) for k in ("action_noise", "robust", "fixed_lap", "proxy", "reality")}
     row = {"checkpoint": str(ckpt), "name": "round_001", "robust": {"score": 0.7}, "proxy": {"score": 0.5}}
     st = ckpt.stat()
     stamp = f"{ckpt.resolve()}:{st.st_size}:{st.st_mtime_ns}"
     (tmp_path / "scores.json").write_text(json.dumps({"key": settings, "rows": {stamp: row}}))
-    assert set(ScoreCache(tmp_path / "scores.json", cfg).get(ckpt)) == {"robust", "proxy"}
-    assert set(ScoreCache(tmp_path / "scores.json", more_robust).get(ckpt)) == {"proxy"}
+    assert set(cached(cfg).get(ckpt)) == {"robust", "proxy"}
+    assert set(cached(more_robust).get(ckpt)) == {"proxy"}
 
 
 def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag():
     from envs.errors import ConfigError
     from envs.racing.config import EnvConfig
     from envs.racing.randomization import RandomizationConfig
+    from envs.racing.transfer import robust_env_config, sim2sim_env_config
     from experiments.select_checkpoint import SelectConfig, selection_scores
-    from experiments.transfer import robust_env_config, sim2sim_env_config
 
     base = EnvConfig(camera="projective", randomization=RandomizationConfig(rear_grip=True))
     robust, s2s = robust_env_config(base, 0.1), sim2sim_env_config(base, 0.1)
@@ -209,7 +212,7 @@ def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag()
 
 
 def test_selection_finds_a_runs_checkpoints_but_not_its_refitted_estimators(tmp_path):
-    from experiments.fit_estimator import estimator_path
+    from datasets.run_layout import estimator_path
     from experiments.select_checkpoint import SelectConfig, find_checkpoints
 
     ckpts = tmp_path / "checkpoints"

@@ -21,14 +21,14 @@ from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.evaluation import EvalConfig
 from envs.vehicle import VEHICLE_ESTIMATES
-from experiments.probe_student import ProbeConfig
-from experiments.probe_student import main as probe_main
-from experiments.transfer import ROBUST_SUMMARIES
+from experiments.research.probe_student import ProbeConfig
+from experiments.research.probe_student import main as probe_main
 from student.dagger import DaggerConfig
 from student.distiller import Distiller
 from student.loaded import load_student
 from student.model import StudentConfig
 from student.networks import EncoderConfig
+from student.transfer import ROBUST_SUMMARIES
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.policy import load_teacher
 from teacher.trainer import TeacherTrainer, TrainerConfig
@@ -143,7 +143,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     md = (tmp_path / "s" / "transfer" / "transfer.md").read_text()
     assert "worst direction's progress" in md and "reproducibility of the ranking" not in md  # 2 checkpoints: nan
     # The same report with the sim-to-sim score (as `--sim2sim --select-by both` writes it) names it and its column.
-    from experiments.transfer_report import write_report
+    from student.transfer_report import write_report
 
     s2s = {**report, "select_by": "both", "spearman_sim2sim_vs_proxy": 1.0, "spearman_sim2sim_vs_proxy_ci": (0.5, 1.0),
            "checkpoints": [{**r, "sim2sim": {"score": 0.25}} for r in report["checkpoints"]],
@@ -287,8 +287,8 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
     with pytest.raises(ConfigError, match="--checkpoint is required"):
         probe_main(ProbeConfig())
     # The two-frame motion CNN and the estimator fits on its estimates and on the student's.
-    from experiments.probe_motion import ProbeMotionConfig
-    from experiments.probe_motion import main as probe_motion_main
+    from experiments.research.probe_motion import ProbeMotionConfig
+    from experiments.research.probe_motion import main as probe_motion_main
 
     result = probe_motion_main(ProbeMotionConfig(checkpoint=str(student), data_dir=str(tmp_path / "data"), steps=2,
                                                  batch=4, estimator_steps=2, bf16="off", sim_envs=4,
@@ -309,7 +309,7 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
         assert set(sim[kind]["heldout_simulated"]) == set(saved["estimator_heldout"]["student"])
         assert all(isinstance(v, float) for v in sim[kind]["recorded"]["odometry"].values())  # NaN: runs < 2 s
     # The velocities of an earlier run are read back, not measured again; another run's are refused by name.
-    import experiments.probe_motion as probe_motion_module
+    import experiments.research.probe_motion as probe_motion_module
 
     def no_tracking(*args, **kwargs):
         raise AssertionError("the odometry was measured again")
@@ -336,25 +336,41 @@ def test_estimator_inputs_replay_each_recorded_episode_as_the_car_runs_it(teache
         ProbeMotionConfig(checkpoint=str(student), sources=("odometry", "odometry"))
 
 
-def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):
-    from experiments import ablate, distill_student
-    from experiments.wandb_logger import WandbConfig
+ABLATION_ARGS = (
+    "smoke --student.encoder.channels 8 8 8 --student.encoder.embed-dim 16 --dagger.envs 3 --dagger.steps-per-round 12 "
+    "--dagger.labels-per-window 3 --dagger.bf16 off --dagger.estimator-fit-steps 5"
+)
+"""the distill_student flags of this file's tiny student and DAgger, as an ablation's base run"""
 
-    base = replace(distill_student.PRESETS["smoke"][1], student=STUDENT, dagger=DAGGER, augment=AugmentConfig())
+
+def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_path, tmp_path, monkeypatch):
+    import yaml
+
+    from datasets.run_logger import WandbConfig
+    from experiments import ablate, distill_student
+    from experiments.cli import StageFailed, parse, stage_args
+
+    smoke = distill_student.PRESETS["smoke"][1]
+    base = parse(distill_student.PRESETS, "", stage_args("student_args", ABLATION_ARGS))
+    assert base == replace(smoke, student=STUDENT, dagger=DAGGER)
     cfg = ablate.AblateConfig(
-        stage="student", variants=("base", "beta-zero"), teacher=str(teacher_path), student_cfg=base,
+        stage="student", variants=("base", "beta-zero"), teacher=str(teacher_path), student_args=ABLATION_ARGS,
         out_dir=str(tmp_path), wandb=WandbConfig(mode="disabled"),
     )  # fmt: skip
     calls = []
-    real_main = distill_student.main
+    real_run_stage = ablate.run_stage
 
-    def spy(run_cfg):
-        calls.append((Path(run_cfg.run_dir).name, run_cfg.resume, run_cfg.dagger.beta))
-        return real_main(run_cfg)
+    def spy(stage, module, args):  # each variant trains in its own process
+        run_dir = Path(args[args.index("--run-dir") + 1])
+        calls.append((module, run_dir.name, args[args.index("--resume") + 1] if "--resume" in args else ""))
+        real_run_stage(stage, module, args)
 
-    monkeypatch.setattr(distill_student, "main", spy)
+    monkeypatch.setattr(ablate, "run_stage", spy)
     first = ablate.main(cfg)
-    assert [(name, resume, beta) for name, resume, beta in calls] == [("base", "", "lbc"), ("beta-zero", "", "zero")]
+    script = "experiments.distill_student"
+    assert calls == [(script, "base", ""), (script, "beta-zero", "")]
+    betas = [yaml.safe_load((tmp_path / v / "config.yaml").read_text())["dagger"]["beta"] for v in cfg.variants]
+    assert betas == ["lbc", "zero"]
     assert 0.0 <= first["beta-zero"]["lap_completion"] <= 1.0
     assert first["base"]["dagger_minutes"] > 0.0
     table = (tmp_path / "ablation.md").read_text()
@@ -364,38 +380,41 @@ def test_ablation_runs_each_variant_once_and_continues_a_stopped_one(teacher_pat
     calls.clear()
     (tmp_path / "beta-zero" / "eval.json").unlink()
     again = ablate.main(cfg)
-    assert calls == [("beta-zero", str(tmp_path / "beta-zero"), "zero")]
+    assert calls == [(script, "beta-zero", str(tmp_path / "beta-zero"))]
     assert json.dumps(again["base"]) == json.dumps(first["base"])  # (NaN lap-time ratios when nobody finishes)
     assert json.loads((tmp_path / "ablation.json").read_text())["base"].keys() == first["base"].keys()
 
     # Another budget in the same directory is refused, naming the variant.
     with pytest.raises(ConfigError, match="variant 'base'.*another configuration"):
-        ablate.main(replace(cfg, student_cfg=replace(base, dagger=replace(DAGGER, rounds=3))))
+        ablate.main(replace(cfg, student_args=ABLATION_ARGS + " --dagger.rounds 3"))
     with pytest.raises(ConfigError, match="unknown student variants"):
         ablate.main(replace(cfg, variants=("base", "no-such-variant")))
+    # A variant whose run fails stops the ablation, naming it and the run's exit code (2: it refused its input).
+    with pytest.raises(StageFailed, match=r"variant 'base' \(python -m experiments.distill_student\) failed with exit"):
+        ablate.main(replace(cfg, student_args="smoke --dagger.rounds 0", out_dir=str(tmp_path / "bad")))
+    assert calls[-1][1] == "base" and not (tmp_path / "bad" / "ablation.json").exists()
 
 
 def test_ablation_scores_each_variant_in_the_reality_proxy_once(teacher_path, tmp_path, monkeypatch):
+    from datasets.run_logger import WandbConfig
     from envs.racing.reality import RealityConfig
-    from experiments import ablate, distill_student, evaluate
-    from experiments.wandb_logger import WandbConfig
+    from experiments import ablate
 
-    base = replace(distill_student.PRESETS["smoke"][1], student=STUDENT, dagger=replace(DAGGER, rounds=1),
-                   augment=AugmentConfig())  # fmt: skip
     # A proxy without Genesis (bicycle physics, projective camera) keeps the test fast; the mechanism is the same.
     reality = RealityConfig(physics="bicycle", camera="projective", lens="pinhole", friction=0.8)
     cfg = ablate.AblateConfig(
-        stage="student", variants=("base",), teacher=str(teacher_path), student_cfg=base, out_dir=str(tmp_path),
+        stage="student", variants=("base",), teacher=str(teacher_path), out_dir=str(tmp_path),
+        student_args=ABLATION_ARGS + " --dagger.rounds 1",
         wandb=WandbConfig(mode="disabled"), proxy=True, proxy_reality=reality, proxy_eval=EVAL,
     )  # fmt: skip
     worlds = []
-    real_evaluate_one = evaluate.evaluate_one
+    real_evaluate_one = ablate.evaluate_one
 
     def spy(policy, env_cfg, eval_cfg):
         worlds.append(env_cfg)
         return real_evaluate_one(policy, env_cfg, eval_cfg)
 
-    monkeypatch.setattr(evaluate, "evaluate_one", spy)
+    monkeypatch.setattr(ablate, "evaluate_one", spy)
     first = ablate.main(cfg)["base"]
     assert len(worlds) == 1 and worlds[0].randomization.friction_range[0] == pytest.approx(0.8 * (1 - reality.spread))
     assert worlds[0].physics == "bicycle" and worlds[0].substeps == reality.substeps, (

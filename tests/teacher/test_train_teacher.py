@@ -206,7 +206,7 @@ def test_unknown_hidden_factor_is_refused():
 def test_ablation_races_every_variant_in_the_proxy_at_one_top_speed(tmp_path, monkeypatch):
     """`--proxy-top-speed 2.1` races a policy of the default action space (top speed 2.8 m/s) at 75% in the proxy;
     the proxy row records the setting and is read back only for the same setting."""
-    import experiments.evaluate
+    import experiments.ablate
     from experiments.ablate import PROXY_KEYS, AblateConfig, proxy_row
 
     trainer(tmp_path / "base", 2).train(show_progress=False)
@@ -220,7 +220,7 @@ def test_ablation_races_every_variant_in_the_proxy_at_one_top_speed(tmp_path, mo
         seen.append(env_cfg.max_speed_percent)
         return {k: 0.5 for k in PROXY_KEYS}, [], Closed()
 
-    monkeypatch.setattr(experiments.evaluate, "evaluate_one", fake_evaluate_one)
+    monkeypatch.setattr(experiments.ablate, "evaluate_one", fake_evaluate_one)
     cfg = AblateConfig(stage="teacher", proxy=True, proxy_top_speed=2.1)
     row = proxy_row(cfg, tmp_path / "base")
     assert seen == [pytest.approx(75.0)] and row["proxy/max_speed_percent"] == pytest.approx(75.0)
