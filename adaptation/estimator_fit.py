@@ -217,10 +217,10 @@ def motion_errors(data: EpisodeInputs, lags: int = COMMAND_LAGS) -> MotionErrors
 
 def odometry_errors(measured: Tensor, exact: Tensor, episode: Tensor, step: Tensor) -> MotionErrors:
     """How planar odometry errs, from a drive on which the camera's true pose change is known
-    (`experiments.probe_odometry.drive`): `measured` and `exact` are normalized body velocities `(N, 3)` (rows grouped
-    by episode in step order); measured = `[1, exact] @ weights` + residual, least squares over the rows with a frame
-    before them (step > 0), each episode's residuals kept whole from its start. Applied to exact odometry by
-    `with_odometry_errors` (no command terms: the odometry never sees the commands)."""
+    (`adaptation.odometry_errors.record_drive`): `measured` and `exact` are normalized body velocities `(N, 3)`
+    (rows grouped by episode in step order); measured = `[1, exact] @ weights` + residual, least squares over the rows
+    with a frame before them (step > 0), each episode's residuals kept whole from its start. Applied to exact
+    odometry by `with_odometry_errors` (no command terms: the odometry never sees the commands)."""
     live = step > 0
     if int(live.sum()) < 4:
         raise ValueError(f"odometry_errors: {int(live.sum())} rows with a frame before them, need 4 or more")

@@ -6,7 +6,8 @@ slippery or weak car looks nominal and the slow factors cannot show. `cross_fit_
 consecutive recorded frames (the frame, the one before, their difference; zeros before an episode's first frame) to
 regress the true body velocities, with no access to the commands, cross-fitted over episode folds so that every
 row's estimate comes from a network that never saw its episode. Its estimates can then replace the student's in the
-factor estimator's inputs (`experiments.probe_motion`): the estimator compares what the car did with what it was told.
+factor estimator's inputs (`experiments.research.probe_motion`): the estimator compares what the car did with what
+it was told.
 """
 
 from __future__ import annotations
