@@ -40,7 +40,7 @@ from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
-from experiments.cli import run, run_stage, stage_args
+from experiments.cli import DEFAULT_TASK, current_task, run, run_stage, stage_args
 from student.policies import load_policy
 from student.transfer import evaluate_one
 
@@ -140,12 +140,24 @@ class AblateConfig:
 
 
 def variant_command(cfg: AblateConfig, name: str) -> list[str]:
-    """The arguments of a variant's stage script: the base run, the variant's flags, where its run goes."""
+    """The arguments of a variant's stage script: the base run, the variant's flags, where its run goes, the task."""
     run_dir = Path(cfg.out_dir) / name
     base = stage_args(f"{cfg.stage}_args", cfg.teacher_args if cfg.stage == "teacher" else cfg.student_args)
     teacher = ["--teacher", cfg.teacher] if cfg.stage == "student" else []
     wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=(name,))
-    return [*base, *VARIANTS[cfg.stage][name], *teacher, "--run-dir", str(run_dir), *wandb_flags(wandb)]
+    task = ["--task", current_task()]
+    return [*base, *VARIANTS[cfg.stage][name], *teacher, "--run-dir", str(run_dir), *wandb_flags(wandb), *task]
+
+
+def recorded_command(record: Path) -> dict | None:
+    """The command a variant's run directory records (None: none yet); one recorded before the stages were given
+    `--task` ran the default task."""
+    if not record.is_file():
+        return None
+    ran = json.loads(record.read_text())
+    if "--task" not in ran["args"]:
+        ran["args"] = [*ran["args"], "--task", DEFAULT_TASK]
+    return ran
 
 
 def run_config(run_dir: Path) -> dict:
@@ -221,7 +233,7 @@ def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
     module, args = STAGE_MODULES[cfg.stage], variant_command(cfg, name)
     command = {"module": module, "args": args}
     record = run_dir / COMMAND_FILE
-    ran = json.loads(record.read_text()) if record.is_file() else None
+    ran = recorded_command(record)
     if (ran is not None and ran != command) or (ran is None and (run_dir / "config.yaml").exists()):
         raise ConfigError(
             f"ablation variant {name!r}: {run_dir} holds a run with another configuration; "
@@ -287,4 +299,4 @@ PRESETS = {
 }
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

@@ -28,7 +28,7 @@ from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.pure_pursuit import PurePursuitDriver
-from experiments.cli import run
+from experiments.cli import current_task, run
 
 Driver = Literal["random", "pure-pursuit"]
 
@@ -148,7 +148,7 @@ def main(cfg: BenchmarkConfig) -> dict:
     plan += [("camera", n, "random") for n in cfg.camera_envs]
     plan += [("genesis", n, d) for n in cfg.genesis_envs for d in cfg.drivers]
     plan += [("genesis_camera", n, "random") for n in cfg.genesis_camera_envs]
-    base = [sys.executable, "-m", "experiments.benchmark", "default"]
+    base = [sys.executable, "-m", "experiments.benchmark", "default", "--task", current_task()]
     flags = [
         "--steps",
         str(cfg.steps),
@@ -221,4 +221,4 @@ PRESETS = {
 }
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

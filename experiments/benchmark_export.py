@@ -86,4 +86,4 @@ def main(cfg: ExportBenchConfig) -> dict:
 PRESETS = {"default": ("500 frames per runtime, 1 thread", ExportBenchConfig())}
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

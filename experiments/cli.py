@@ -1,5 +1,5 @@
-"""Shared command-line plumbing: tyro presets, one-line errors for bad input, non-zero exit codes, and stages that a
-script runs as other scripts in their own processes (no script imports another)."""
+"""Shared command-line plumbing: tyro presets per task, `--task`, one-line errors for bad input, non-zero exit codes,
+and stages that a script runs as other scripts in their own processes (no script imports another)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,113 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from dataclasses import is_dataclass
+from typing import Any, TypeVar
 
 import tyro
 from rich.console import Console
 
 from envs.errors import ConfigError, GapbridgeError
+from envs.task import UnknownTaskError, check_task, get_task, task_names, task_of_config
 
 T = TypeVar("T")
 
+DEFAULT_TASK = "racing"
+"""the task a script runs without `--task`"""
 
-def parse(presets: Mapping[str, tuple[str, T]], description: str, args: list[str] | None = None) -> T:
-    """Parse `PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli` style); without a preset name
-    the `default` preset is used."""
-    args = list(sys.argv[1:] if args is None else args)
-    if "default" in presets and (not args or (args[0].startswith("--") and args[0] != "--help")):
+_current_task = DEFAULT_TASK
+
+
+def current_task() -> str:
+    """The task the running script was given (`--task`, default `racing`): what its `main` passes on to the stages it
+    launches."""
+    return _current_task
+
+
+def split_task(args: Sequence[str]) -> tuple[str, list[str]]:
+    """`--task NAME` (or `--task=NAME`), wherever it is in `args`, taken out of them: `(task, the other args)`; without
+    one the task is `racing`. An unknown name, a missing one or two different ones are refused with the known tasks."""
+    names, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] == "--task":
+            if i + 1 == len(args) or args[i + 1].startswith("-"):
+                raise ConfigError(f"--task needs a task name; known tasks: {', '.join(task_names())}")
+            names.append(args[i + 1])
+            i += 2
+            continue
+        if args[i].startswith("--task="):
+            names.append(args[i].partition("=")[2])
+        else:
+            rest.append(args[i])
+        i += 1
+    if len(set(names)) > 1:
+        raise ConfigError(f"--task given as {' and '.join(map(repr, dict.fromkeys(names)))}; give one")
+    task = names[0] if names else DEFAULT_TASK
+    get_task(task)  # refuses an unknown name, listing the known ones
+    return task, rest
+
+
+def presets_by_task(presets: Mapping[str, Any]) -> dict[str, Mapping[str, tuple[str, Any]]]:
+    """A script's presets keyed by task (task name -> preset name -> `(description, config)`); a flat mapping of
+    presets is the default task's."""
+    flat = any(isinstance(value, tuple) for value in presets.values())
+    return {DEFAULT_TASK: presets} if flat else dict(presets)
+
+
+def task_help(tasks: Sequence[str]) -> str:
+    """The `--help` line of the `--task` flag (tyro does not know it: `parse` takes it out first)."""
+    return (
+        f"--task NAME  the task (default {DEFAULT_TASK}; this script: {', '.join(tasks)}; "
+        f"known tasks: {', '.join(task_names())})"
+    )
+
+
+def check_env_task(cfg: object, task: str) -> None:
+    """Refuse a config whose `env` is another task's env config, naming both tasks."""
+    env = getattr(cfg, "env", None)
+    if env is None or not is_dataclass(env):
+        return
+    try:
+        owner = task_of_config(env).name
+    except UnknownTaskError:  # an `env` field that is no task's env config
+        return
+    check_task(f"--task {task}: the config's env ({type(env).__name__})", owner, task)
+
+
+def parse_task(presets: Mapping[str, Any], description: str, args: list[str] | None = None) -> tuple[str, Any]:
+    """Parse `[--task NAME] PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli` style) into
+    `(task, config)`: `presets` maps each task the script runs to its presets (see `presets_by_task`); without a preset
+    name the task's `default` preset is used. `--task` may stand anywhere; a task the script has no presets for is
+    refused naming the script's tasks."""
+    task, args = split_task(sys.argv[1:] if args is None else args)
+    by_task = presets_by_task(presets)
+    if task not in by_task:
+        raise ConfigError(f"--task {task}: this script has no presets for it; its tasks: {', '.join(by_task)}")
+    chosen = dict(by_task[task])
+    if "default" in chosen and (not args or (args[0].startswith("--") and args[0] != "--help")):
         args = ["default", *args]
-    return tyro.extras.overridable_config_cli(dict(presets), description=description, args=args)
+    line = task_help(list(by_task))
+    if args and args[0] in chosen and {"-h", "--help"} & set(args):  # a preset's help shows its own description
+        text, config = chosen[args[0]]
+        chosen[args[0]] = (f"{text}\n\n{line}", config)
+    full = f"{(description or '').rstrip()}\n\n{line}"
+    cfg = tyro.extras.overridable_config_cli(chosen, description=full, args=args)
+    check_env_task(cfg, task)
+    return task, cfg
 
 
-def run(main: Callable[[T], object], presets: Mapping[str, tuple[str, T]], description: str) -> None:
-    """Parse the command line and run `main`; input errors print one line naming the problem and exit with 2."""
+def parse(presets: Mapping[str, Any], description: str, args: list[str] | None = None) -> Any:
+    """`parse_task`'s config alone."""
+    return parse_task(presets, description, args)[1]
+
+
+def run(main: Callable[[T], object], presets: Mapping[str, Any], description: str) -> None:
+    """Parse the command line (`parse_task`) and run `main` on the config, the task available to it as
+    `current_task()`; input errors print one line naming the problem and exit with 2."""
+    global _current_task
     console = Console(stderr=True)
     try:
-        cfg = parse(presets, description)
+        _current_task, cfg = parse_task(presets, description)
         main(cfg)
     except GapbridgeError as err:
         console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)  # one line, even when piped

@@ -12,9 +12,9 @@ rendered scene), the checkpoint-selection rules, and the sim-to-real gap split i
 
 Each stage is its script run in its own process (`python -m experiments.<script> PRESET --flag value ...`), so
 nothing one stage imports (Genesis in the first) reaches the next; a stage is given as its preset and flags, and the
-demo adds where its output goes. The demo reads each stage's results back from its files (summary.json, eval.json,
-checkpoints/, parity.json, transfer.json) into `summary.json`. A failing stage stops the demo with one line naming it
-and its exit code, which the demo exits with (2: the stage refused its input).
+demo adds where its output goes and its own `--task`. The demo reads each stage's results back from its files
+(summary.json, eval.json, checkpoints/, parity.json, transfer.json) into `summary.json`. A failing stage stops the demo
+with one line naming it and its exit code, which the demo exits with (2: the stage refused its input).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from datasets.run_logger import WandbConfig, check_login, wandb_flags
 from envs.config_io import write_text_atomic
 from envs.console import make_console, rule
 from envs.errors import ConfigError, check_range
-from experiments.cli import run, run_stage, stage_args
+from experiments.cli import current_task, run, run_stage, stage_args
 
 STAGE_FIELDS = ("genesis_drive", "teacher", "student", "export", "transfer")
 EXPORT_FILES = ("student.onnx", "student_stateless.onnx", "model_metadata.json", "export.json", "student.xml",
@@ -84,7 +84,7 @@ def main(cfg: DemoConfig) -> dict:
 
     def stage(number: int, title: str, module: str, args: list[str]) -> None:
         rule(console, f"{number}/6 {title}")
-        run_stage(f"demo stage {number}/6", module, args)
+        run_stage(f"demo stage {number}/6", module, [*args, "--task", current_task()])
 
     finished = False
     try:
@@ -155,4 +155,4 @@ PRESETS = {
 }  # fmt: skip
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

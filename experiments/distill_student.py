@@ -177,4 +177,4 @@ PRESETS = {
 }  # fmt: skip
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

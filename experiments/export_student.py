@@ -102,4 +102,4 @@ def main(cfg: ExportConfig) -> dict:
 PRESETS = {"default": ("export with parity checks", ExportConfig())}
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

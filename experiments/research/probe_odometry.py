@@ -146,4 +146,4 @@ PRESETS = {
 }
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)

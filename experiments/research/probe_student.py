@@ -96,4 +96,4 @@ def main(cfg: ProbeConfig) -> dict:
 PRESETS = {"default": ("ridge probes of the image and history features on the run's episodes", ProbeConfig())}
 
 if __name__ == "__main__":
-    run(main, PRESETS, description=__doc__)
+    run(main, {"racing": PRESETS}, description=__doc__)
