@@ -1,11 +1,11 @@
 """Where a run directory keeps its files, for the scripts that read another run's output.
 
-    <run>/config.yaml                  the resolved config
-    <run>/checkpoints/iter_*.pt        a teacher run's checkpoints (every one kept)
-    <run>/checkpoints/round_*.pt       a student run's checkpoints, one per DAgger round
-    <run>/checkpoints/*_estimator.pt   a student with a refitted factor estimator (beside its checkpoint)
-    <run>/data/manifest.json           the recorded episodes' shards
-    <run>/eval.json                    the final evaluation, written when the run finishes
+<run>/config.yaml                  the resolved config
+<run>/checkpoints/iter_*.pt        a teacher run's checkpoints (every one kept)
+<run>/checkpoints/round_*.pt       a student run's checkpoints, one per DAgger round
+<run>/checkpoints/*_estimator.pt   a student with a refitted factor estimator (beside its checkpoint)
+<run>/data/manifest.json           the recorded episodes' shards
+<run>/eval.json                    the final evaluation, written when the run finishes
 """
 
 from __future__ import annotations

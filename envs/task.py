@@ -17,9 +17,10 @@ and every consumer asks the registry (`get_task("racing")`, or `task_of_config(c
 - an **action spec**: a categorical choice over a table (`kind == "discrete"`, one index per step) or a bounded box
   (`kind == "continuous"`, a Gaussian policy's clamped mean), rebuilt from its saved form by
   `action_spec_from_dict`, and what an export writes for it (`export_files`);
-- **episode evaluation**: `eval_config_cls`, `make_eval_env(env_cfg, eval_cfg)`, and
-  `evaluate(act, env, eval_cfg, reset)` running fixed-seed episodes into a flat dict of metrics that holds
-  `primary_metric` (what selection and reports rank by: lap completion, success);
+- **episode evaluation**: `eval_config_cls`, `make_eval_env(env_cfg, eval_cfg)`, `run_episodes(act, env, eval_cfg,
+  reset)` running fixed-seed episodes into records and `summarize(records, env)` into a flat dict of metrics that
+  holds `primary_metric` (what reports rank by: lap completion, success) and `selection_metric` (what checkpoint
+  selection ranks by), with `episode_score(record)` each episode's share of the latter;
 - optionally a **reality proxy** builder (`reality_env_config(env_cfg, reality_cfg)`) for transfer evaluation.
 
 Built-in tasks live in their own packages and are imported the first time the registry is asked for them, so that
@@ -182,8 +183,16 @@ class Task:
     action_spec_from_dict: Callable[[Mapping[str, Any]], ActionSpec]
     eval_config_cls: type
     make_eval_env: Callable[[Any, Any], Any]
-    evaluate: Callable[..., dict[str, float]]
+    run_episodes: Callable[..., list]
+    """`(act, env, eval_cfg, reset)` -> one record per env of an env built by `make_eval_env`: its episode's outcome"""
+    summarize: Callable[[list, Any], dict[str, float]]
+    """`(records, env)` -> flat metrics (with confidence intervals where they apply), holding `primary_metric`"""
     primary_metric: str
+    """what reports rank by first (racing: lap completion; arms: success)"""
+    selection_metric: str
+    """the metric checkpoint selection and transfer ranking use (racing: progress, a finer lap completion)"""
+    episode_score: Callable[[Any], float]
+    """one record's share of `selection_metric` (its mean over the records is the metric)"""
     previous_action_dim: int = 0
     """leading columns of the `proprio` group holding the previous action: what a student reads besides the camera"""
     student_env_config: Callable[[Any, int, int | None], Any] = lambda cfg, num_envs, max_steps: cfg
@@ -197,8 +206,17 @@ class Task:
     """the physics step of an env config (the unit latencies are classified in)"""
     export_files: Callable[[Any, Any], dict[str, str]] = lambda spec, cfg: {}
     """files an export writes beside the model for an action spec and env config (racing: model_metadata.json)"""
-    reality_env_config: Callable[[Any, Any], Any] | None = None
+    reality_env_config: Callable[..., Any] | None = None
+    """`(env_cfg, reality_cfg, part)` -> the reality proxy's env config (`part`: all, dynamics, perception, none)"""
+    command_mapper: Callable[[Any, dict[str, Any]], Any] | None = None
+    """`(export folder, options)` -> how a deployed policy's outputs become actuator commands: an object with
+    `num_outputs`, `previous_action_dim`, `command(action_logits) -> (command, previous_action (1, P))` and
+    `stop() -> command` (racing: the DeepRacer action space, calibration table and speed setting)"""
     description: str = ""
+
+    def evaluate(self, act: Act, env: Any, eval_cfg: Any, reset: Callable[[Tensor], None] | None = None) -> dict:
+        """Fixed-seed episodes, one per env of `env` (built by `make_eval_env`), summarized."""
+        return self.summarize(self.run_episodes(act, env, eval_cfg, reset), env)
 
     def normalized_factor(self, name: str, value: float) -> float:
         """A factor's physical value as it reads in `env_factors`."""

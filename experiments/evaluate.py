@@ -28,10 +28,11 @@ from envs.errors import ConfigError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig, completion_by_factor, failures_by_section
 from envs.racing.reality import RealityConfig, reality_env_config
+from envs.racing.transfer import NOMINAL
 from envs.racing.visualize import plot_trajectories
 from experiments.cli import run
 from student.policies import load_policy
-from student.transfer import NOMINAL, evaluate_one
+from student.transfer import evaluate_one
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ def main(cfg: ExportConfig) -> dict:
         files += ["student.xml", "student.bin"]
     write_json(out / "model_metadata.json", space.to_metadata())
     write_json(out / "export.json", {
-        "history_shape": history_shape, "stateless_frames": frames, "control_hz": student.env_cfg.control_hz,
+        "task": student.task.name, "history_shape": history_shape, "stateless_frames": frames,
+        "control_hz": student.env_cfg.control_hz,
         "outputs": output_names(student.model),
         "checkpoint": str(cfg.checkpoint), "git_sha": git_sha(), "wandb_run": cfg.wandb_run,
         **odometry_info(model, student.env_cfg),

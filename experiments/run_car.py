@@ -24,9 +24,10 @@ from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
+from envs.racing.deploy import Command
 from envs.racing.env import RacingEnv
 from experiments.cli import run
-from student.deploy import Command, LoopConfig, StudentRuntime, drive
+from student.deploy import LoopConfig, StudentRuntime, drive
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,9 @@ def drive_torch(checkpoint: str, env_cfg: EnvConfig, steps: int) -> dict:
 
 def main(cfg: RunCarConfig) -> dict:
     console = make_console()
-    runtime = StudentRuntime(cfg.export, cfg.backend, cfg.threads, cfg.calibration, cfg.max_speed_percent)
+    runtime = StudentRuntime(
+        cfg.export, cfg.backend, cfg.threads, calibration=cfg.calibration, max_speed_percent=cfg.max_speed_percent
+    )
     log = RealLogWriter(cfg.log_out, attrs={"export": str(Path(cfg.export).resolve()), "source": cfg.source})
     summary: dict = {"source": cfg.source, "backend": cfg.backend, "max_speed_percent": cfg.max_speed_percent}
     try:
@@ -139,7 +142,7 @@ def main(cfg: RunCarConfig) -> dict:
                 max_speed_percent=cfg.max_speed_percent,
             )
             car = SimCar(RacingEnv(env_cfg))
-            if car.env.action_space != runtime.action_space:
+            if car.env.action_space != runtime.commands.action_space:
                 raise ConfigError("the sim's action space differs from the export's model_metadata.json")
             sleep = time.sleep if cfg.realtime else (lambda s: None)
             counts = drive(runtime, car, car.actuate, cfg.loop, log, sleep=sleep)

@@ -33,23 +33,24 @@ from envs.errors import ConfigError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, flatten, reality_env_config
+from envs.racing.transfer import (
+    FIXED_LAP_EVAL,
+    ROBUST_EVAL,
+    SELECT_PROXY_EVAL,
+    action_agreement,
+    fixed_lap_env_config,
+    robust_env_config,
+    sim2sim_env_config,
+)
 from experiments.cli import run
 from student.policies import load_policy
 from student.score_cache import ScoreCache
 from student.transfer import (
-    FIXED_LAP_EVAL,
-    ROBUST_EVAL,
-    SELECT_PROXY_EVAL,
     Evaluator,
-    action_agreement,
     decompose_gap,
-    episode_scores,
-    fixed_lap_env_config,
     pick_best,
     pick_consecutive_good,
     pick_last,
-    robust_env_config,
-    sim2sim_env_config,
     spearman,
     spearman_by_summary,
     spearman_interval,
@@ -117,8 +118,8 @@ def find_checkpoints(cfg: SelectConfig) -> list[Path]:
     if cfg.checkpoints:
         paths = [Path(p) for p in cfg.checkpoints]
     elif cfg.run_dir:
-        # A refitted factor estimator (`experiments.fit_estimator`) drives with its checkpoint's policy: not a checkpoint
-        # of its own, and a copy would count twice in the rank correlation.
+        # A refitted factor estimator (`experiments.fit_estimator`) drives with its checkpoint's policy: not a
+        # checkpoint of its own, and a copy would count twice in the rank correlation.
         paths = sorted(
             p for p in (Path(cfg.run_dir) / "checkpoints").glob("*.pt") if not p.stem.endswith(ESTIMATOR_SUFFIX)
         )
@@ -201,7 +202,8 @@ def main(cfg: SelectConfig) -> dict:
             for name in missing:
                 t = time.time()
                 metrics, records = evaluators[name](policy)
-                parts = {name: metrics, f"{name}_episodes": episode_scores(records), f"{name}_seconds": time.time() - t}
+                episodes = evaluators[name].episode_scores(records)
+                parts = {name: metrics, f"{name}_episodes": episodes, f"{name}_seconds": time.time() - t}
                 row.update(parts)
                 cache.put(path, name, parts)
             rows.append(row)

@@ -2,10 +2,11 @@
 
 The runtime reads only ONNX / OpenVINO IR / JSON from an export folder (nothing pickled) and opens no network port. It
 owns the recurrent state, preprocesses frames exactly like the car (OpenCV resize to 160x120, BGR -> gray), runs ONNX
-Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator reads it), maps the chosen
-action through the calibration table, and holds the control rate: a frame that arrives late repeats the last safe
-command, a camera that stops delivering stops the car, and so does a loop that itself stalls (a control period past
-`stale_after`); shorter overruns of the control period are counted and logged.
+Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator reads it), maps the
+outputs through the task's command mapping (racing: the DeepRacer action space and calibration table), and holds the
+control rate: a frame that arrives late repeats the last command, a camera that stops delivering stops the car, and
+so does a loop that itself stalls (a control period past `stale_after`); shorter overruns of the control period are
+counted and logged.
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from envs.camera_model import preprocess
 from envs.errors import GapbridgeError, check_range
-from envs.racing.car import MAX_SPEED_PERCENT_RANGE, ActionSpace, Calibration
+from envs.task import get_task
 
-REQUIRED_FILES = ("student.onnx", "model_metadata.json", "export.json")
+REQUIRED_FILES = ("student.onnx", "export.json")
+"""files every export holds; the task's command mapping reads its own (racing: model_metadata.json)"""
 
 
 class ExportError(GapbridgeError, ValueError):
@@ -75,38 +77,24 @@ class OpenVinoBackend:
         return {o.get_any_name(): result[o] for o in self.model.outputs}
 
 
-@dataclass
-class Command:
-    steering_deg: float
-    speed: float
-    action: int
-    safe_stop: bool = False
-
-
 class StudentRuntime:
-    """Loads an export folder, validates it, and maps frames to calibrated commands with explicit state."""
+    """Loads an export folder, validates it, and maps frames to the task's commands with explicit state. The export
+    names its task (`export.json`); the task's command mapping turns outputs into commands (`command_options` go to
+    it: racing takes `calibration` and `max_speed_percent`)."""
 
-    def __init__(
-        self,
-        folder: str | Path,
-        backend: str = "onnx",
-        threads: int = 1,
-        calibration: str = "",
-        max_speed_percent: float = 100.0,
-    ) -> None:
-        check_range("max_speed_percent", max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
-        self.max_speed_percent = max_speed_percent
+    def __init__(self, folder: str | Path, backend: str = "onnx", threads: int = 1, **command_options) -> None:
         self.folder = Path(folder)
         for name in REQUIRED_FILES:
             if not (self.folder / name).is_file():
                 raise ExportError(f"{self.folder}: missing {name}")
         try:
             self.info = json.loads((self.folder / "export.json").read_text())
-            metadata = json.loads((self.folder / "model_metadata.json").read_text())
         except json.JSONDecodeError as err:
             raise ExportError(f"{self.folder}: invalid JSON ({err})") from None
-        self.action_space = ActionSpace.from_metadata(metadata, source=str(self.folder / "model_metadata.json"))
-        self.calibration = Calibration.load(calibration) if calibration else Calibration()
+        task = get_task(str(self.info.get("task", "racing")))  # exports made before tasks are racing's
+        if task.command_mapper is None:
+            raise ExportError(f"{self.folder}: task {task.name!r} has no deployment command mapping")
+        self.commands = task.command_mapper(self.folder, command_options)
         if backend == "onnx":
             self.backend = OnnxBackend(self.folder / "student.onnx", threads)
         elif backend == "openvino":
@@ -139,7 +127,8 @@ class StudentRuntime:
 
     def _check_shapes(self) -> None:
         inputs = self.backend.inputs
-        expected = {"camera": [1, 1, 120, 160], "prev_action": [1, 2], "history_in": self.info["history_shape"]}
+        prev = [1, self.commands.previous_action_dim]
+        expected = {"camera": [1, 1, 120, 160], "prev_action": prev, "history_in": self.info["history_shape"]}
         if self.tracker is not None:
             expected["motion"] = [1, 3]
         for name, shape in expected.items():
@@ -149,9 +138,9 @@ class StudentRuntime:
                 raise ExportError(f"{self.folder}: input {name!r} has shape {list(inputs[name])}, expected {shape}")
         probe = self.backend.run(self._feeds(np.zeros((1, 1, 120, 160), np.float32)))
         n_out = probe["action_logits"].shape[-1]
-        n_act = self.action_space.num_choices if self.action_space.kind == "discrete" else 2
+        n_act = self.commands.num_outputs
         if n_out != n_act:
-            raise ExportError(f"{self.folder}: model outputs {n_out} actions but the action table has {n_act}")
+            raise ExportError(f"{self.folder}: model outputs {n_out} actions but the action space has {n_act}")
 
     def _feeds(self, camera: np.ndarray, motion: np.ndarray | None = None) -> dict[str, np.ndarray]:
         feeds = {"camera": camera, "prev_action": self.prev_action, "history_in": self.history}
@@ -168,7 +157,7 @@ class StudentRuntime:
             self.history = np.zeros(self.info["history_shape"], dtype=np.float32)
         except (KeyError, TypeError, ValueError):
             raise ExportError(f"{self.folder}: export.json has no valid history_shape") from None
-        self.prev_action = np.zeros((1, 2), dtype=np.float32)
+        self.prev_action = np.zeros((1, self.commands.previous_action_dim), dtype=np.float32)
         self.last_outputs: dict[str, np.ndarray] = {}
         if self.tracker is not None:
             self.tracker.reset(self._torch.ones(1, dtype=self._torch.bool))
@@ -182,27 +171,14 @@ class StudentRuntime:
         self.last_outputs = out
         return out
 
-    def command(self, outputs: dict[str, np.ndarray]) -> Command:
-        """Outputs -> calibrated command at the car's speed setting; updates the previous-action input like the env's
-        `proprio` group."""
-        import torch
+    def command(self, outputs: dict[str, np.ndarray]):
+        """Outputs -> the task's command; updates the previous-action input like the env's `proprio` group."""
+        command, self.prev_action = self.commands.command(outputs["action_logits"])
+        return command
 
-        space = self.action_space
-        if space.kind == "discrete":
-            action = int(np.argmax(outputs["action_logits"][0]))
-            angle, speed = space.choices[action]
-        else:
-            a = np.clip(outputs["action_logits"][0], -1.0, 1.0)
-            action = -1
-            angle = space.steering_range[0] + (a[0] + 1) / 2 * (space.steering_range[1] - space.steering_range[0])
-            speed = space.speed_range[0] + (a[1] + 1) / 2 * (space.speed_range[1] - space.speed_range[0])
-        steer, spd = self.calibration.apply(torch.tensor([np.radians(angle)]), torch.tensor([float(speed)]))
-        steer_deg = float(np.degrees(steer.item()))
-        self.prev_action = np.array(
-            [[np.radians(steer_deg) / np.radians(30.0), spd.item() / space.max_speed]], np.float32
-        )
-        # The car's maximum-speed setting scales what the car is sent; the previous-action input keeps the choice.
-        return Command(steer_deg, float(spd.item()) * self.max_speed_percent / 100.0, action)
+    def stop(self):
+        """The task's safe stop (racing: zero steering and speed)."""
+        return self.commands.stop()
 
 
 @dataclass(frozen=True)
@@ -250,7 +226,7 @@ class PeriodWatch:
 def drive(
     runtime: StudentRuntime,
     source: FrameSource,
-    actuate: Callable[[Command], None],
+    actuate: Callable[[Any], None],
     cfg: LoopConfig,
     log=None,
     clock: Callable[[], float] = time.monotonic,
@@ -260,7 +236,7 @@ def drive(
     safe stops, loop overruns and stalls, and the longest period between two commands."""
     period = 1.0 / cfg.rate_hz
     last_frame_time = clock()
-    last_cmd = Command(0.0, 0.0, -1, safe_stop=True)
+    last_cmd = runtime.stop()
     counts = {"steps": 0, "late": 0, "stopped": 0}
     watch = PeriodWatch(cfg, last_frame_time, counts, log)
     next_tick = clock()
@@ -269,7 +245,7 @@ def drive(
         now = clock()
         if item is None:
             if now - last_frame_time > cfg.stale_after:
-                actuate(Command(0.0, 0.0, -1, safe_stop=True))
+                actuate(runtime.stop())
                 counts["stopped"] += 1
                 if log is not None:
                     log.event(now, "camera stale: car stopped")
@@ -279,7 +255,7 @@ def drive(
         frame, stamp = item
         last_frame_time = now
         if now - stamp > cfg.late_after * period:
-            cmd = Command(last_cmd.steering_deg, last_cmd.speed, last_cmd.action, safe_stop=last_cmd.safe_stop)
+            cmd = replace(last_cmd)  # a late frame repeats the last command sent
             counts["late"] += 1
             outputs = {}
         else:
@@ -289,7 +265,7 @@ def drive(
             if log is not None:
                 log.inference_ms = 1000.0 * (clock() - t0)
         if watch.stalled(clock()):
-            actuate(Command(0.0, 0.0, -1, safe_stop=True))
+            actuate(runtime.stop())
             counts["stopped"] += 1
             break
         actuate(cmd)

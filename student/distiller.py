@@ -27,6 +27,7 @@ from datasets.rollouts import (
 from datasets.staging import EpisodeStager
 from envs.augment import AugmentConfig, augment
 from envs.config_io import to_yaml
+from envs.errors import ConfigError
 from envs.progress import stage_progress
 from envs.task import Task, task_of_config
 from student.dagger import (
@@ -58,25 +59,20 @@ def output_spec(task: Task, env, teacher: TeacherPolicy) -> OutputSpec:
     )
 
 
-def collection_env_config(env_cfg, dagger: DaggerConfig):
-    """The camera env the student drives in: one episode per env and round at most."""
-    seconds = dagger.steps_per_round / env_cfg.control_hz
-    term = replace(env_cfg.termination, episode_seconds=seconds, laps=0)
-    camera = "projective" if env_cfg.camera == "none" else env_cfg.camera
-    return replace(env_cfg, num_envs=dagger.envs, camera=camera, termination=term)
-
-
 def collection_world(env_cfg, dagger: DaggerConfig):
     """`env_cfg` as the collection env draws its worlds: dynamics re-drawn every `dagger.redraw_seconds` of an
-    episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged).
-    Only the collection env gets it: the run's saved world, its evaluations and its checkpoints' world stay the
-    teacher's."""
-    rnd = env_cfg.randomization
-    if dagger.redraw_seconds > 0:
-        rnd = replace(rnd, redraw_seconds=dagger.redraw_seconds)
-    if dagger.low_grip_share > 0:
-        rnd = replace(rnd, friction_low_share=dagger.low_grip_share)
-    return replace(env_cfg, randomization=rnd)
+    episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged; a
+    task whose randomization has no such setting refuses them). Only the collection env gets it: the run's saved
+    world, its evaluations and its checkpoints' world stay the teacher's."""
+    settings = (("redraw_seconds", dagger.redraw_seconds), ("friction_low_share", dagger.low_grip_share))
+    asked = {k: v for k, v in settings if v > 0}
+    if not asked:
+        return env_cfg
+    rnd = getattr(env_cfg, "randomization", None)
+    missing = [k for k in asked if not hasattr(rnd, k)]
+    if missing:
+        raise ConfigError(f"dagger: this task's randomization has no {missing}; leave those DAgger settings at 0")
+    return replace(env_cfg, randomization=replace(rnd, **asked))
 
 
 class Distiller:
@@ -97,7 +93,7 @@ class Distiller:
         self.log = log or (lambda metrics, step: None)
         torch.manual_seed(dagger_cfg.seed)
         self.task = task_of_config(env_cfg)
-        self.env_cfg = collection_env_config(env_cfg, dagger_cfg)
+        self.env_cfg = self.task.student_env_config(env_cfg, dagger_cfg.envs, dagger_cfg.steps_per_round)
         self.env = self.task.make_env(collection_world(self.env_cfg, dagger_cfg))
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
@@ -105,7 +101,7 @@ class Distiller:
         self.model = StudentModel(student_cfg, self.spec)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
         self.policy = StudentPolicy(self.model, dagger_cfg.envs)
-        self.eval_env = self.task.make_eval_env(replace(self.env_cfg, termination=env_cfg.termination), eval_cfg)
+        self.eval_env = self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)
         self.data_dir = self.run_dir / "data"
         obs = self.env.get_observations()
         self.schema = rollout_schema(

@@ -82,7 +82,8 @@ class TeacherPolicy:
 
     def __init__(self, actor, task: Task, action_space: ActionSpec, layout: ObsLayout, env_cfg, source: str) -> None:
         self.actor = actor.eval()
-        self.task, self.action_space, self.layout, self.env_cfg, self.source = task, action_space, layout, env_cfg, source
+        self.task, self.action_space, self.layout, self.env_cfg = task, action_space, layout, env_cfg
+        self.source = source
 
     def reset(self, dones: Tensor) -> None:
         """The teacher is memoryless: nothing to clear (the policy interface's `reset`)."""

@@ -120,9 +120,7 @@ def train_cfg(
     }
 
 
-def build_ppo(
-    env, policy: TeacherPolicyConfig, ppo: PPOConfig, factor_names: tuple[str, ...], device: str = "cpu"
-):
+def build_ppo(env, policy: TeacherPolicyConfig, ppo: PPOConfig, factor_names: tuple[str, ...], device: str = "cpu"):
     """An rsl_rl `OnPolicyRunner` (no log dir: our trainer logs and checkpoints) and its PPO algorithm."""
     space = env.action_space
     cfg = train_cfg(policy, ppo, space.kind, space.num_outputs if space.kind == "discrete" else 0, factor_names)

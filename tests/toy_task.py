@@ -117,8 +117,8 @@ class PointMassEnv:
         self.generator.set_state(state["generator"])
 
 
-def evaluate(act, env: PointMassEnv, cfg: PointMassEvalConfig, reset=None) -> dict[str, float]:
-    """One episode per env from a fixed seed: success = reaching the goal before the time limit."""
+def run_episodes(act, env: PointMassEnv, cfg: PointMassEvalConfig, reset=None) -> list[bool]:
+    """One episode per env from a fixed seed: whether it reached the goal before the time limit."""
     env.generator.manual_seed(cfg.seed)
     obs, _ = env.reset()
     if reset is not None:
@@ -131,7 +131,7 @@ def evaluate(act, env: PointMassEnv, cfg: PointMassEvalConfig, reset=None) -> di
             reset(dones)
         success |= extras["success"] & ~finished
         finished |= dones
-    return {"success": float(success.float().mean()), "episodes": float(env.num_envs)}
+    return success.tolist()
 
 
 TASK = register_task(
@@ -145,8 +145,11 @@ TASK = register_task(
         action_spec_from_dict=BoxActionSpec.from_dict,
         eval_config_cls=PointMassEvalConfig,
         make_eval_env=lambda cfg, ev: PointMassEnv(replace(cfg, num_envs=ev.episodes, seed=ev.seed)),
-        evaluate=evaluate,
+        run_episodes=run_episodes,
+        summarize=lambda records, env: {"success": sum(records) / len(records), "episodes": float(len(records))},
         primary_metric="success",
+        selection_metric="success",
+        episode_score=float,
         previous_action_dim=2,
         student_env_config=lambda cfg, n, k: replace(cfg, num_envs=n, camera=True, max_steps=k or cfg.max_steps),
         factor_bounds={"gain": GAIN_RANGE},

@@ -18,8 +18,9 @@ from torch import Tensor
 
 from envs.racing.car import ActionSpace
 from envs.racing.config import EnvConfig
+from envs.racing.deploy import command_mapper
 from envs.racing.env import RacingEnv
-from envs.racing.evaluation import EvalConfig, evaluation_env_config, run_episodes, summarize
+from envs.racing.evaluation import EpisodeRecord, EvalConfig, evaluation_env_config, run_episodes, summarize
 from envs.racing.randomization import FACTOR_BOUNDS, FACTOR_NAMES
 from envs.racing.reality import reality_env_config
 from envs.task import Task, register_task
@@ -55,12 +56,12 @@ def action_spec_from_dict(data: Mapping[str, Any]) -> ActionSpace:
     return ActionSpace.from_metadata(dict(data), source="saved action space")
 
 
-def evaluate(
-    act: Callable[[Any], Tensor], env: RacingEnv, cfg: EvalConfig, reset: Callable[[Tensor], None] | None = None
-) -> dict[str, float]:
-    """Fixed-seed episodes (one per env of `env`, built by `evaluation_env_config`) summarized: lap completion with
-    its Wilson interval, lap time and lap time / optimal, progress, off-track count; both directions apart."""
-    return summarize(run_episodes(act, env, cfg, reset), env.optimal_lap_time)
+def summarize_records(records: list[EpisodeRecord], env: RacingEnv) -> dict[str, float]:
+    """Lap completion with its Wilson interval, lap time and lap time / optimal, progress, off-track count; both
+    directions apart; the optimal lap time beside them."""
+    metrics = summarize(records, env.optimal_lap_time)
+    metrics["optimal_lap_time"] = env.optimal_lap_time
+    return metrics
 
 
 def student_env_config(cfg: EnvConfig, num_envs: int, max_steps: int | None) -> EnvConfig:
@@ -94,12 +95,16 @@ TASK = register_task(
         action_spec_from_dict=action_spec_from_dict,
         eval_config_cls=EvalConfig,
         make_eval_env=lambda env_cfg, eval_cfg: RacingEnv(evaluation_env_config(env_cfg, eval_cfg)),
-        evaluate=evaluate,
+        run_episodes=run_episodes,
+        summarize=summarize_records,
         primary_metric="lap_completion",
+        selection_metric="progress",
+        episode_score=lambda record: min(record.progress, 1.0),
         latency_classes=latency_classes,
         dt_physics=lambda cfg: cfg.dt_physics,
         export_files=export_files,
         reality_env_config=reality_env_config,
+        command_mapper=command_mapper,
         description="a 1/18-scale DeepRacer-class car on a track, from one 160x120 grayscale camera",
     )
 )

@@ -95,7 +95,8 @@ def save_student(path, model, student_yaml):
     space = discrete_grid((-30.0, -15.0, 0.0, 15.0, 30.0), (1.0, 2.0))
     return save_atomic({
         "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": student_yaml,
-        "env_yaml": to_yaml(EnvConfig(num_envs=1, camera="projective")), "output_spec": dict(SPEC.__dict__),
+        "env_yaml": to_yaml(EnvConfig(num_envs=1, camera="projective")), "output_spec": SPEC.to_dict(),
+        "format_version": 2, "task": "racing",
         "action_space": json.dumps(space.to_metadata()),
     }, path)  # fmt: skip
 
@@ -322,6 +323,7 @@ def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, ste
     import adaptation.evaluation as evaluation
     from envs.racing.env import RacingEnv
     from envs.racing.pure_pursuit import PurePursuitDriver
+    from envs.task import get_task
     from student.distiller import output_spec
     from student.model import StudentPolicy
 
@@ -347,7 +349,7 @@ def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, ste
     monkeypatch.setattr(evaluation, "StudentPolicy", Scripted)
     teacher = SimpleNamespace(actor=SimpleNamespace(factor_encoder=SimpleNamespace(latent_dim=8)))
     torch.manual_seed(0)
-    model = StudentModel(StudentConfig(estimator=estimator), output_spec(env, teacher)).eval()
+    model = StudentModel(StudentConfig(estimator=estimator), output_spec(get_task("racing"), env, teacher)).eval()
     return evaluation.estimation_by_time(model, env_cfg, num_envs=num_envs, steps=steps), made
 
 

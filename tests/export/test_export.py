@@ -13,10 +13,11 @@ import torch
 from datasets.checkpoints import save_atomic
 from datasets.real_log import RealLogWriter, read_real_log
 from envs.config_io import to_yaml
-from envs.errors import ConfigError
+from envs.errors import ConfigError, GapbridgeError
 from envs.racing.config import EnvConfig
+from envs.racing.deploy import Command
 from envs.racing.env import RacingEnv
-from student.deploy import Command, ExportError, LoopConfig, StudentRuntime, drive
+from student.deploy import ExportError, LoopConfig, StudentRuntime, drive
 from student.export import closed_loop_parity
 from student.loaded import STUDENT_KIND
 from student.model import StudentConfig, StudentModel
@@ -38,7 +39,7 @@ def export_student(tmp, student_cfg: StudentConfig, parity_steps: int = 200):
     model = StudentModel(student_cfg, spec)
     ckpt = save_atomic({
         "kind": STUDENT_KIND, "model": model.state_dict(), "student_yaml": to_yaml(student_cfg),
-        "env_yaml": to_yaml(ENV), "output_spec": dict(spec.__dict__),
+        "env_yaml": to_yaml(ENV), "output_spec": spec.to_dict(), "format_version": 2, "task": "racing",
         "action_space": json.dumps(env.action_space.to_metadata()),
     }, tmp / "student.pt")  # fmt: skip
     result = export(ExportConfig(checkpoint=str(ckpt), out_dir=str(tmp / "out"), parity_steps=parity_steps))
@@ -147,13 +148,13 @@ def test_runtime_refuses_broken_exports(exported, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     (bad / "model_metadata.json").unlink()
-    with pytest.raises(ExportError, match="missing model_metadata.json"):
+    with pytest.raises(GapbridgeError, match="missing model_metadata.json"):
         StudentRuntime(bad)
     shutil.copy(out / "model_metadata.json", bad / "model_metadata.json")
     meta = json.loads((bad / "model_metadata.json").read_text())
     meta["action_space"] = meta["action_space"][:6]
     (bad / "model_metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(ExportError, match="outputs 10 actions but the action table has 6"):
+    with pytest.raises(ExportError, match="outputs 10 actions but the action space has 6"):
         StudentRuntime(bad)
     shutil.copy(out / "model_metadata.json", bad / "model_metadata.json")
     info = json.loads((bad / "export.json").read_text())

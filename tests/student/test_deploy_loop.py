@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from envs.errors import ConfigError
-from student.deploy import Command, LoopConfig, drive
+from envs.racing.deploy import Command
+from student.deploy import LoopConfig, drive
 
 PERIOD = 1.0 / 15.0
 
@@ -45,6 +46,9 @@ class SlowRuntime:
 
     def command(self, outputs: dict[str, np.ndarray]) -> Command:
         return Command(5.0, 1.0, 1)
+
+    def stop(self) -> Command:
+        return Command(0.0, 0.0, -1, safe_stop=True)
 
 
 class EventLog:
