@@ -1,1 +1,2 @@
-"""Entry points: one tyro config per script, presets, W&B wiring, benchmarks."""
+"""Entry points only: one tyro config and its presets per script, W&B wiring, benchmarks; `research/` holds the
+diagnostics. No script imports another: a script that needs another runs it as a subprocess (`cli.run_stage`)."""
