@@ -13,7 +13,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from adaptation.losses import adaptation_losses
@@ -73,13 +72,6 @@ class DaggerConfig:
     estimator_fit_steps: int = 4000
     """after the last round's training, fit the factor estimator alone on every recorded episode for this many
     gradient steps (its inputs are five numbers per step: cheap); 0 = only its training alongside the policy"""
-    estimator_sim_envs: int = 0
-    """cars driving simulated worlds for that fit besides the recorded episodes: the teacher, blind to friction and
-    motor gain, drives the collection world without a camera, and the motion inputs are the true body velocities
-    passed through the student's own estimate errors (`adaptation.simulated_worlds.simulated_inputs`); 0 = recorded
-    episodes only (the default: measured worse with them, see docs/results.md#estimates)"""
-    estimator_sim_seconds: float = 20.0
-    """driving per simulated car (s); a car starts a new world whenever its episode ends"""
     cache_mb: int = 1024
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
@@ -97,8 +89,6 @@ class DaggerConfig:
         check_range("dagger.redraw_seconds", self.redraw_seconds, 0.0, 3600.0)
         check_range("dagger.low_grip_share", self.low_grip_share, 0.0, 1.0)
         check_range("dagger.estimator_fit_steps", self.estimator_fit_steps, 0, 10_000_000)
-        check_range("dagger.estimator_sim_envs", self.estimator_sim_envs, 0, 1_000_000)
-        check_range("dagger.estimator_sim_seconds", self.estimator_sim_seconds, 0.1, 3600.0)
         check_range("dagger.steps_per_round", self.steps_per_round, 1, 1_000_000)
         check_range("dagger.batch_windows", self.batch_windows, 1, 100_000)
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)
@@ -229,8 +219,3 @@ def bf16_enabled(mode: str) -> bool:
     if mode == "auto":
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return mode == "on"
-
-
-def soft_cross_entropy(logits: Tensor, target_logits: Tensor) -> Tensor:
-    """Per-row cross-entropy between the target's softmax and `logits` (used by tests as a reference)."""
-    return -(torch.softmax(target_logits, -1) * F.log_softmax(logits, -1)).sum(-1)

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from adaptation.estimator_fit import episode_inputs, fit_estimator
-from adaptation.simulated_worlds import simulated_worlds
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from datasets.rollouts import (
     SCHEMA_VERSION,
@@ -212,13 +211,9 @@ class Distiller:
             return {}
         cfg = self.cfg
         data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
-        simulated = simulated_worlds(
-            self.teacher, self.env_cfg, data, cfg.estimator_sim_envs, cfg.estimator_sim_seconds, seed=cfg.seed + 4
-        )
         self.estimator_fit = fit_estimator(
-            self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed,
-            simulated=simulated,
-        )  # fmt: skip
+            self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed
+        )
         return {f"estimator_fit/{k}": v for k, v in self.estimator_fit.items()}
 
     # --------------------------------------------------------------------------------------------- evaluate
@@ -320,9 +315,9 @@ class Distiller:
         self.np_rng.bit_generator.state = json.loads(data["generators"]["numpy"])
         self.env.load_state_dict(data["env_state"])
         self.round, self.episodes, self.samples = int(data["round"]), int(data["episodes"]), int(data["samples"])
-        self.wall_minutes = float(data.get("wall_minutes", 0.0))  # checkpoints from before it was recorded: 0
+        self.wall_minutes = float(data["wall_minutes"])
         self.history = json.loads(data["history"])
-        self.estimator_fit = json.loads(data.get("estimator_fit", "{}"))
+        self.estimator_fit = json.loads(data["estimator_fit"])
         # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
         manifest = json.loads(data["manifest"])
         write_manifest(self.data_dir, manifest)

@@ -85,14 +85,14 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
     shards = [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]]
     assert shards == ["round_000.h5", "round_001.h5"]
 
-    # A student distilled by a version with fewer explicit estimates is refused by name, not half-loaded.
+    # Weights that do not fit the saved config (here fewer explicit estimates) are refused, not half-loaded.
     ckpt = sorted((tmp_path / "full" / "checkpoints").glob("round_*.pt"))[-1]
     assert load_student(ckpt).model.history is not None
     data = torch.load(ckpt, weights_only=True)
     for k in ("history.estimate_head.weight", "history.estimate_head.bias"):
         data["model"][k] = data["model"][k][:3]
     torch.save(data, tmp_path / "old.pt")
-    with pytest.raises(CheckpointError, match="estimates 3 quantities, this version 5.*distill it again"):
+    with pytest.raises(CheckpointError, match="weights do not match the saved student config"):
         load_student(tmp_path / "old.pt")
 
 
@@ -121,14 +121,13 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.distill_student", "smoke", "--teacher", str(teacher_path),
-         "--run-dir", str(tmp_path / "s"), "--dagger.estimator-sim-envs", "4", "--dagger.estimator-sim-seconds", "2"],
+         "--run-dir", str(tmp_path / "s")],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s" / "eval.json").read_text())
     assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
     assert "heldout/loop_latency_r2" in summary["estimator_fit"] and "factor estimator on held-out" in proc.stdout
-    assert summary["estimator_fit"]["simulated_episodes"] >= 4  # four cars, a new world per episode
     # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect), in a subprocess.
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
