@@ -264,8 +264,8 @@ class TeacherTrainer:
         self.env.load_state_dict(data["env_state"])
         set_rng_state(data["rng"])
         self.iteration, self.env_steps = int(data["iteration"]), int(data["env_steps"])
-        self.history = json.loads(data.get("history", "[]"))
-        self.wandb_run_id = data.get("wandb_run_id", "") or self.wandb_run_id
+        self.history = json.loads(data["history"])
+        self.wandb_run_id = data["wandb_run_id"] or self.wandb_run_id
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
