@@ -55,14 +55,6 @@ class ScoreCache:
             except (OSError, ValueError):
                 saved = {}
             rows = saved.get("rows", {}) if isinstance(saved, dict) else {}
-            old = saved.get("key") if isinstance(saved, dict) else None
-            if isinstance(old, dict):  # an older file: one key for the whole row
-                for row in rows.values():
-                    row["scored"] = {
-                        name: _score_key(old, name)
-                        for name in SCORE_INPUTS
-                        if name in row and all(part in old for part in SCORE_INPUTS[name])
-                    }
             self.rows = rows if isinstance(rows, dict) else {}
 
     @staticmethod

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from envs.config_io import to_yaml
 from student.transfer import (
     pick_best,
     pick_consecutive_good,
@@ -144,7 +143,6 @@ def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
 
 
 def test_score_cache_reuses_an_evaluation_only_unchanged_and_with_its_own_settings(tmp_path):
-    import json
     import os
 
     from experiments.select_checkpoint import PRESETS, score_cache
@@ -176,14 +174,6 @@ def test_score_cache_reuses_an_evaluation_only_unchanged_and_with_its_own_settin
     assert cached(cfg).get(ckpt) == {}, "a rewritten checkpoint is scored again"
     (tmp_path / "scores.json").write_text("{not json")
     assert cached(cfg).get(ckpt) == {}
-    # a file written with one key for whole rows: each evaluation is kept under the settings it was scored with
-    settings = {k: to_yaml(getattr(cfg, k)) for k in ("action_noise", "robust", "fixed_lap", "proxy", "reality")}
-    row = {"checkpoint": str(ckpt), "name": "round_001", "robust": {"score": 0.7}, "proxy": {"score": 0.5}}
-    st = ckpt.stat()
-    stamp = f"{ckpt.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    (tmp_path / "scores.json").write_text(json.dumps({"key": settings, "rows": {stamp: row}}))
-    assert set(cached(cfg).get(ckpt)) == {"robust", "proxy"}
-    assert set(cached(more_robust).get(ckpt)) == {"proxy"}
 
 
 def test_sim2sim_scores_the_robust_world_on_the_genesis_car_and_needs_its_flag():
