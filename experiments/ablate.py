@@ -80,6 +80,7 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "noise-only": only_augmentation("noise"),
         "dropout-0.3": ("--student.head-dropout", "0.3"),
         "low-grip-data": ("--dagger.low-grip-share", "0.5"),
+        "redrawn-dynamics": ("--dagger.redraw-seconds", "5"),
         "dense-encoder-gradient": ("--dagger.cnn-grad-stride", "1"),
     },
 }
