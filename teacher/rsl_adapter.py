@@ -19,8 +19,6 @@ from torch import Tensor
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.networks import FactorEncoder, mlp
 
-RSL_RL_RANGE = ">=5.5,<6"
-
 
 class TeacherActorModel(MLPModel):
     """Policy: MLP over [normalized `teacher` group, z = mu(`env_factors`)], dropout in the trunk."""

@@ -9,19 +9,6 @@ from envs.racing.car import CarSpec
 from envs.racing.physics_bicycle import CarState
 from envs.racing.track import Track
 
-TEACHER_FIELDS = (
-    "lookahead_xy",
-    "offset",
-    "heading_sin",
-    "heading_cos",
-    "vx",
-    "vy",
-    "yaw_rate",
-    "steer",
-    "prev_action",
-)
-"""layout of the `teacher` group (lookahead first: 2 * K values, then one each, previous action last: 2)"""
-
 
 def teacher_dim(lookahead_points: int) -> int:
     return 2 * lookahead_points + 9

@@ -88,11 +88,6 @@ def edge_penalty(offset: Tensor, half_width: Tensor, start: float) -> Tensor:
     return -excess.square()
 
 
-def all_wheels_on_track(offset: Tensor, half_width: Tensor, car_half_track: float) -> Tensor:
-    """True when every wheel is within the borders."""
-    return offset.abs() + car_half_track <= half_width
-
-
 def is_offtrack(offset: Tensor, half_width: Tensor, car_half_track: float) -> Tensor:
     """DeepRacer's off-track: all four wheels outside the borders (the centre beyond the border by half a track)."""
     return offset.abs() - car_half_track > half_width
