@@ -224,7 +224,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     if model.estimator is None or cfg.new or model.estimator.cfg.motion != cfg.estimator.motion:
         model.cfg = replace(model.cfg, estimator=cfg.estimator)
         model.estimator = FactorEstimator(
-            cfg.estimator, model.spec.action_latency_classes, model.spec.camera_latency_classes
+            cfg.estimator, model.spec.latency_classes["action_latency"], model.spec.latency_classes["camera_latency"]
         )
     t0 = time.time()
     driver, teacher_path = None, ""

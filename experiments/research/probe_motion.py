@@ -192,7 +192,8 @@ def main(cfg: ProbeMotionConfig) -> dict:
 
     def new_estimator() -> FactorEstimator:
         torch.manual_seed(cfg.seed)
-        return FactorEstimator(cfg.estimator, spec.action_latency_classes, spec.camera_latency_classes)
+        classes = spec.latency_classes
+        return FactorEstimator(cfg.estimator, classes["action_latency"], classes["camera_latency"])
 
     def heldout(stats: dict[str, float]) -> dict[str, float]:
         return {k: stats[f"heldout_after/{k}"] for k in ESTIMATOR_SCORES}
