@@ -75,7 +75,7 @@ def main(cfg: EvaluateConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required")
     console = make_console()
-    policy = load_policy(cfg.checkpoint, cfg.max_speed_percent)
+    policy = load_policy(cfg.checkpoint, max_speed_percent=cfg.max_speed_percent)
     sim = policy.env_cfg
     if cfg.physics:
         sim = replace(sim, physics=cfg.physics)

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from adaptation.estimator_fit import (
     EpisodeInputs,
@@ -25,7 +24,7 @@ from envs.config_io import to_yaml
 from envs.racing.car import discrete_grid
 from envs.racing.config import EnvConfig
 from envs.vehicle import VEHICLE_ESTIMATES
-from student.loaded import STUDENT_KIND, load_student
+from student.loaded import STUDENT_KIND
 from student.model import StudentConfig, StudentModel
 from tests.helpers import racing_spec
 
@@ -99,30 +98,6 @@ def save_student(path, model, student_yaml):
         "format_version": 2, "task": "racing",
         "action_space": json.dumps(space.to_metadata()),
     }, path)  # fmt: skip
-
-
-def test_a_student_saved_before_the_estimator_loads_without_it(tmp_path):
-    cfg = StudentConfig()
-    older = yaml.safe_load(to_yaml(cfg))
-    del older["estimator"]  # an older version's config has no estimator section, its weights no estimator
-    old = StudentModel(StudentConfig(estimator=EstimatorConfig(kind="none")), SPEC)
-    loaded = load_student(save_student(tmp_path / "old.pt", old, yaml.safe_dump(older)))
-    assert loaded.model.estimator is None and loaded.model.cfg.context == 28
-    assert load_student(save_student(tmp_path / "new.pt", StudentModel(cfg, SPEC), to_yaml(cfg))).model.estimator
-
-
-def test_a_student_whose_estimator_reads_the_raw_inputs_loads_as_it_was_saved(tmp_path):
-    """Saved before the physics features (no `features` key, five input channels): it loads reading its five raw
-    inputs, with its own weights, and a student saved with them keeps them."""
-    raw_cfg = StudentConfig(estimator=EstimatorConfig(features="raw"))
-    older = yaml.safe_load(to_yaml(raw_cfg))
-    del older["estimator"]["features"]
-    old = StudentModel(raw_cfg, SPEC)
-    loaded = load_student(save_student(tmp_path / "old.pt", old, yaml.safe_dump(older)))
-    assert loaded.model.cfg.estimator.features == "raw"
-    assert torch.equal(loaded.model.estimator.inp.weight, old.estimator.inp.weight)
-    new = load_student(save_student(tmp_path / "new.pt", StudentModel(StudentConfig(), SPEC), to_yaml(StudentConfig())))
-    assert new.model.cfg.estimator.features == "physics" and new.model.estimator.inp.weight.shape[1] == 7
 
 
 def test_physics_features_are_the_lateral_acceleration_and_steering_times_speed():
@@ -320,7 +295,7 @@ def scripted_estimation(monkeypatch, estimator: EstimatorConfig, num_envs=4, ste
     policy objects it made, and per step the true body velocities."""
     from types import SimpleNamespace
 
-    import adaptation.evaluation as evaluation
+    import student.estimation as evaluation
     from envs.racing.env import RacingEnv
     from envs.racing.pure_pursuit import PurePursuitDriver
     from envs.task import get_task

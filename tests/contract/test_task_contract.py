@@ -19,6 +19,7 @@ from student.distiller import Distiller
 from student.loaded import load_student
 from student.model import StudentConfig
 from student.networks import EncoderConfig
+from student.policies import Policy, load_policy
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.policy import load_teacher
 from teacher.trainer import TeacherTrainer, TrainerConfig
@@ -74,9 +75,25 @@ def test_the_student_distills_the_toy_task_through_the_unchanged_dagger(teacher_
     assert final["success"] >= 0.8 * teacher_success, (final, teacher_success)
     loaded = load_student(tmp_path / "checkpoints" / "round_004.pt")
     assert loaded.task is toy.TASK
+    # one policy interface: teacher and student load through the same call and drive through the same methods
+    for policy_path in (path, tmp_path / "checkpoints" / "round_004.pt"):
+        policy = load_policy(policy_path, max_steps=12)
+        assert isinstance(policy, Policy) and policy.task is toy.TASK and policy.env_cfg.max_steps == 12
+        env = toy.PointMassEnv(toy.TASK.student_env_config(policy.env_cfg, 3, None))
+        policy.check_env(env)
+        policy.reset(torch.ones(3, dtype=torch.bool))
+        assert policy.act(env.get_observations()).shape == (3, 2)
     loaded.check_env(toy.PointMassEnv(toy.TASK.student_env_config(ENV, 4, None)))
     # the history encoder regresses the task's own estimate (the gain), nothing of racing's
     assert loaded.model.history.estimate_head.out_features == 1 and len(loaded.model.history.latency_heads) == 0
+
+
+def test_a_checkpoint_that_is_no_policy_is_refused_by_kind(tmp_path):
+    from datasets.checkpoints import save_atomic
+
+    save_atomic({"kind": "gapbridge.something", "format_version": 2}, tmp_path / "x.pt")
+    with pytest.raises(GapbridgeError, match=r"not a policy checkpoint \(kind 'gapbridge.something'"):
+        load_policy(tmp_path / "x.pt")
 
 
 def test_a_checkpoint_of_one_task_is_refused_by_another_naming_both(teacher_run):
