@@ -17,8 +17,8 @@ def _fmt(x: float, pct: bool = False) -> str:
 
 
 def _ci(result: dict, key: str) -> tuple[float, float]:
-    """The bootstrap interval stored next to a correlation (nan, nan for reports written before intervals)."""
-    lo, hi = result.get(f"{key}_ci") or (math.nan, math.nan)
+    """The bootstrap interval stored next to a correlation (nan, nan when no resample had a defined correlation)."""
+    lo, hi = result[f"{key}_ci"]
     return lo, hi
 
 
@@ -30,9 +30,7 @@ def _interval(result: dict, key: str) -> str:
 def _reliability_lines(result: dict) -> list[str]:
     """How reproducibly each score ranks the checkpoints (split halves of its own episodes), and the rank correlation
     that this much noise allows between the robust score and the proxy."""
-    rel = result.get("reliability")
-    if not rel:
-        return []
+    rel = result["reliability"]
     r, p = rel["robust"]["full_length"], rel["proxy"]["full_length"]
     if math.isnan(r) and math.isnan(p):  # fewer than 3 checkpoints or 2 episodes each
         return []
@@ -106,7 +104,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
     plt.close(fig)
 
     tied = indistinguishable_from_best(rows, result["best_proxy"]["index"])
-    pct = result.get("max_speed_percent", 100.0)
+    pct = result["max_speed_percent"]
     speed = f"; the car at {pct:g}% of its top speed in every evaluation" if pct != 100.0 else ""
     lines = [
         f"# Transfer report: {result.get('run') or 'checkpoints'}",
@@ -127,11 +125,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
             )
             if key in result
         ],
-        *(
-            [f"- the rules below pick by the `{result['select_by']}` score"]
-            if result.get("select_by", "robust") != "robust"
-            else []
-        ),
+        *([f"- the rules below pick by the `{result['select_by']}` score"] if result["select_by"] != "robust" else []),
         f"- best checkpoint in the proxy: {names[result['best_proxy']['index']]} "
         f"(score {_fmt(result['best_proxy']['score'])}); {tied} of {len(rows)} checkpoints have 95% lap-completion "
         "intervals in the proxy that overlap its interval",
@@ -145,7 +139,7 @@ def write_report(result: dict, out: Path) -> list[Path]:
             f"| {rule} | {p['checkpoint']} | {_fmt(p['robust_score'])} | {_fmt(p['proxy_score'])} | "
             f"{_fmt(p['proxy_lap_completion'], True)} | {_fmt(p['proxy_vs_best'], True)} |"
         )
-    summaries = result.get("spearman_by_robust_summary", {})
+    summaries = result["spearman_by_robust_summary"]
     if summaries:
         lines += ["", "Spearman vs the proxy score of other summaries of the same robust episodes: " + "; ".join(
             f"{name} {_fmt(rho)}" for name, rho in summaries.items()) + "."]  # fmt: skip

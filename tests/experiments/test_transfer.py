@@ -131,7 +131,12 @@ def test_scatter_axes_name_the_sim_score_and_picks_name_their_point():
 
     from student.transfer_report import scatter_figure
 
-    result = {"spearman_robust_vs_proxy": 0.9, "spearman_fixed_lap_vs_proxy": 0.3}
+    result = {
+        "spearman_robust_vs_proxy": 0.9,
+        "spearman_fixed_lap_vs_proxy": 0.3,
+        "spearman_robust_vs_proxy_ci": (math.nan, math.nan),
+        "spearman_fixed_lap_vs_proxy_ci": (math.nan, math.nan),
+    }
     fig = scatter_figure([0.2, 0.8, 0.9], [0.5, 1.0, 1.0], [0.1, 0.7, 0.9], {2: "last", 1: "consecutive-good"}, result)
     try:
         assert [ax.get_xlabel() for ax in fig.axes] == ["robust sim score", "fixed-lap sim score"]
