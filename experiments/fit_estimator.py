@@ -229,7 +229,7 @@ def main(cfg: FitEstimatorConfig) -> dict:
     t0 = time.time()
     driver, teacher_path = None, ""
     if cfg.sim_envs > 0 and not (odometry and cfg.sim_driver == "student"):
-        teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND).get("teacher_path", ""))
+        teacher_path = cfg.teacher or str(load_checkpoint(ckpt, kind=STUDENT_KIND)["teacher_path"])
         if not teacher_path:
             raise ConfigError(f"{ckpt} names no teacher; give --teacher to drive the simulated worlds")
         driver = load_teacher(teacher_path)

@@ -215,7 +215,7 @@ def main(cfg: ProbeMotionConfig) -> dict:
         "source_seconds": seconds,
     }
     if cfg.sim_envs > 0:
-        teacher_path = cfg.teacher or str(load_checkpoint(cfg.checkpoint, kind=STUDENT_KIND).get("teacher_path", ""))
+        teacher_path = cfg.teacher or str(load_checkpoint(cfg.checkpoint, kind=STUDENT_KIND)["teacher_path"])
         if not teacher_path:
             raise ConfigError(f"{cfg.checkpoint} names no teacher; give --teacher to drive the simulated worlds")
         steps = max(1, int(round(cfg.sim_seconds * hz)))
