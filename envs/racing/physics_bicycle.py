@@ -66,10 +66,9 @@ class CarParams:
 
 
 def load_params(params: CarParams, state: dict[str, Tensor]) -> None:
-    """Copy `params.<field>` entries of a state dict into `params`; a field the state predates keeps its value."""
+    """Copy the `params.<field>` entries of a state dict into `params`."""
     for f in fields(CarParams):
-        if f"params.{f.name}" in state:
-            getattr(params, f.name).copy_(state[f"params.{f.name}"])
+        getattr(params, f.name).copy_(state[f"params.{f.name}"])
 
 
 def actuator_targets(steer_cmd: Tensor, speed_cmd: Tensor, params: CarParams, spec: CarSpec) -> tuple[Tensor, Tensor]:
