@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from envs.errors import ConfigError, check_range
 from envs.camera_model import CameraConfig, pixel_rays
+from envs.errors import ConfigError, check_range
 
 
 @dataclass(frozen=True)
