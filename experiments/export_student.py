@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from datasets.checkpoints import git_sha
+from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError
-from envs.racing.env import RacingEnv
 from experiments.cli import run
 from student.export import (
     add_metadata,
@@ -61,15 +61,16 @@ def main(cfg: ExportConfig) -> dict:
     stateful = export_stateful(model, out / "student.onnx")
     stateless = export_stateless(model, out / "student_stateless.onnx", frames)
     history_shape = list(model.init_state(1).shape)
-    table = [list(c) for c in space.choices] if space.kind == "discrete" else []
+    table = [list(c) for c in getattr(space, "choices", ())] if space.kind == "discrete" else []
     props = {
-        "gapbridge.inputs": "camera (1,1,120,160) raw gray 0-255; prev_action (1,2) [steer/30deg, speed/max]; "
-        "history_in",
+        "gapbridge.task": student.task.name,
+        "gapbridge.inputs": f"camera (1,1,120,160) raw gray 0-255; prev_action (1,{model.spec.proprio_dim}) the "
+        "previous action as the policy reads it; history_in",
         "gapbridge.image_size": "160x120",
         "gapbridge.pixel_range": "0-255 (scaled inside the graph)",
         "gapbridge.control_hz": str(student.env_cfg.control_hz),
         "gapbridge.action_table": json.dumps(table),
-        "gapbridge.action_space": json.dumps(space.to_metadata()["action_space"]),
+        "gapbridge.action_space": json.dumps(space.to_dict()),
         "gapbridge.history_shape": json.dumps(history_shape),
         "gapbridge.git_sha": git_sha(),
         "gapbridge.wandb_run": cfg.wandb_run,
@@ -77,10 +78,12 @@ def main(cfg: ExportConfig) -> dict:
     }
     add_metadata(stateful, props)
     add_metadata(stateless, {**props, "gapbridge.inputs": f"FRONT_FACING_CAMERA (1,{frames},120,160) oldest first"})
-    files = ["student.onnx", "student_stateless.onnx", "model_metadata.json", "export.json"]
+    task_files = student.task.export_files(space, student.env_cfg)  # racing: model_metadata.json
+    files = ["student.onnx", "student_stateless.onnx", *task_files, "export.json"]
     if cfg.openvino and export_openvino(stateful, out / "student.xml") is not None:
         files += ["student.xml", "student.bin"]
-    write_json(out / "model_metadata.json", space.to_metadata())
+    for name, text in task_files.items():
+        write_text_atomic(out / name, text)
     write_json(out / "export.json", {
         "task": student.task.name, "history_shape": history_shape, "stateless_frames": frames,
         "control_hz": student.env_cfg.control_hz,
@@ -92,7 +95,8 @@ def main(cfg: ExportConfig) -> dict:
     if cfg.parity_steps > 0:
         env_cfg = replace(student.env_cfg, num_envs=1, compile=False)
         for backend in ("onnx", "openvino") if "student.xml" in files else ("onnx",):
-            parity[backend] = closed_loop_parity(model, out, RacingEnv(env_cfg), cfg.parity_steps, backend)
+            env = student.task.make_env(env_cfg)
+            parity[backend] = closed_loop_parity(model, out, env, cfg.parity_steps, backend)
             console.print(f"{backend} parity over {cfg.parity_steps} closed-loop steps: {parity[backend]}")
         write_json(out / "parity.json", parity)
     bundle(out, files, out / "carfile.tar.gz")
