@@ -24,7 +24,6 @@ from envs.racing.car import Calibration, load_action_space
 from envs.racing.config import EnvConfig
 from envs.racing.deepracer_reward import DeepRacerParams, evaluate_reward_function, load_reward_function
 from envs.racing.effects import ActuatorEffects, DelayLine, action_noise
-from envs.racing.env_state import WORLD_TENSORS, env_state, load_env_state
 from envs.racing.observations import imu_reading, teacher_observation
 from envs.racing.physics_bicycle import BicyclePhysics, CarParams, CarState
 from envs.racing.randomization import (
@@ -39,6 +38,15 @@ from envs.racing.rewards import is_offtrack, total_reward
 from envs.racing.sensor import SensorModel
 from envs.racing.track import wrap_angle
 from envs.racing.track_texture import TrackScene
+from envs.state_io import check_state, dataclass_state, load_dataclass_state, substate
+
+WORLD_TENSORS = ("action_latency", "camera_latency", "action_noise", "battery")
+"""the per-env world factors held as tensors on the `WorldSample` itself (the car's are in its `params`)"""
+BUFFERS = (
+    "direction", "segment", "s", "travel", "laps", "lap_start_step", "last_lap_time", "stuck_mark",
+    "stuck_steps", "episode_length_buf", "episode_count", "prev_action", "prev_vel", "start_index",
+)  # fmt: skip
+"""the env's own per-env buffers (its mutable state besides the world, visuals, delay lines, physics and effects)"""
 
 
 def make_physics(cfg: EnvConfig, device: torch.device, track=None):
@@ -391,11 +399,40 @@ class RacingEnv:
     # ------------------------------------------------------------------------------------------ save / restore
     def state_dict(self) -> dict[str, Tensor | int]:
         """Every piece of mutable env state (tensors and ints only), so a resumed run continues bit-exactly."""
-        return env_state(self)
+        out: dict[str, Tensor | int] = {f"buf.{k}": getattr(self, k).clone() for k in BUFFERS}
+        for prefix, obj in (("world_params", self.world.params), ("visuals", self.visuals), ("proj", self._proj)):
+            out.update(dataclass_state(prefix, obj))
+        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
+            out[f"{name}.buffer"], out[f"{name}.head"] = line.buffer.clone(), int(line.head)
+        out.update({f"world.{name}": getattr(self.world, name).clone() for name in WORLD_TENSORS})
+        if self.effects is not None:
+            out.update({f"effects.{k}": v for k, v in self.effects.state_dict().items()})
+        out["accel"] = getattr(self, "_accel", torch.zeros(self.num_envs, 2, device=self.device)).clone()
+        out["generator"] = self.generator.get_state()
+        out.update({f"obs.{key}": value.clone() for key, value in self.get_observations().items()})
+        out.update({f"physics.{key}": value for key, value in self.physics.state_dict().items()})
+        return out
 
     def load_state_dict(self, state: dict[str, Tensor | int]) -> None:
-        """Restore `state_dict()` output (same config and env count)."""
-        load_env_state(self, state)
+        """Restore `state_dict()` output (same config and env count); a missing or misshapen entry is refused by name
+        before anything changes."""
+        check_state(self.state_dict(), state)
+        for k in BUFFERS:
+            getattr(self, k).copy_(state[f"buf.{k}"])
+        for prefix, obj in (("world_params", self.world.params), ("visuals", self.visuals), ("proj", self._proj)):
+            load_dataclass_state(prefix, obj, state)
+        for name, line in (("action_delay", self.action_delay), ("pose_delay", self.pose_delay)):
+            line.buffer.copy_(state[f"{name}.buffer"])
+            line.head = int(state[f"{name}.head"])
+        for name in WORLD_TENSORS:
+            getattr(self.world, name).copy_(state[f"world.{name}"])
+        if self.effects is not None:
+            self.effects.load_state_dict(substate("effects", state))
+        self._accel = state["accel"].clone()
+        self.generator.set_state(state["generator"])
+        self.physics.load_state_dict(substate("physics", state))
+        obs = {k: v.clone() for k, v in substate("obs", state).items()}
+        self._obs = TensorDict(obs, batch_size=[self.num_envs], device=self.device)
 
     def close(self) -> None:
         if hasattr(self.physics, "close"):

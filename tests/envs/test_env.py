@@ -327,3 +327,25 @@ def test_compiled_env_matches_eager_closely():
             assert torch.allclose(o1["teacher"], o2["teacher"], atol=1e-3)
     if any("torch.compile unavailable" in str(w.message) for w in caught):
         pytest.skip("torch.compile cannot build here: the compiled env fell back to eager, nothing was compared")
+
+
+def test_state_dict_round_trip_continues_bit_exactly_and_refuses_a_foreign_state():
+    """The env's own state_dict: a second env loaded from it takes the same steps; a state missing an entry or
+    holding one of another shape is refused by name before anything changes."""
+    cfg = EnvConfig(num_envs=6, compile=False)
+    a = RacingEnv(cfg)
+    actions = torch.randint(0, a.action_space.num_outputs, (20, 6, 1)).float()
+    for t in range(10):
+        a.step(actions[t])
+    saved = a.state_dict()
+    b = RacingEnv(replace(cfg, seed=99))
+    b.load_state_dict(saved)
+    for t in range(10, 20):
+        oa, ra, da, _ = a.step(actions[t])
+        ob, rb, db, _ = b.step(actions[t])
+        assert torch.equal(ra, rb) and torch.equal(da, db) and torch.equal(oa["teacher"], ob["teacher"])
+    with pytest.raises(ConfigError, match=r"env state is missing \['buf.travel'\]"):
+        b.load_state_dict({k: v for k, v in saved.items() if k != "buf.travel"})
+    bad = dict(saved, **{"buf.travel": torch.zeros(3)})
+    with pytest.raises(ConfigError, match=r"env state 'buf.travel' has shape"):
+        b.load_state_dict(bad)
