@@ -62,10 +62,11 @@ def _unpickling_message(path: Path, err: pickle.UnpicklingError) -> str:
     """What the refusal of a file holding pickled objects says: what it holds, and that it stays unloaded. torch's own
     message advises loading it unprotected, which could run any code the file carries; that advice is not repeated."""
     text = str(err)
-    if "Weights only load failed" not in text:
-        return f"{path}: not a readable checkpoint (UnpicklingError: {text[:200]})"
     found = re.search(r"GLOBAL ([\w.]+)", text)
-    what = f" (first: {found.group(1)})" if found else ""
+    if found is None:  # not an object the safe loader refused: the bytes are not a checkpoint
+        reason = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+        return f"{path}: not a readable checkpoint ({reason.group(1).strip() if reason else 'unpickling failed'})"
+    what = f" (first: {found.group(1)})"
     return (
         f"{path}: holds objects other than tensors and plain data{what}; it is not loaded, since unpickling them could "
         "run code. A checkpoint holds tensors, numbers, strings, lists and dicts only"

@@ -73,6 +73,21 @@ def test_bad_input_exits_nonzero_with_one_line(tmp_path):
     assert proc.returncode == 2 and "outside ±30" in proc.stderr
 
 
+def test_a_foreign_checkpoint_exits_2_with_one_line(tmp_path):
+    """A student where a teacher is expected, and a file that is no checkpoint: one line naming the file, exit 2."""
+    student = ROOT / "tests" / "data" / "format1" / "student_v1.pt"
+    proc = run("experiments.distill_student", "smoke", "--teacher", str(student), "--run-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"{student}: is a 'gapbridge.student' checkpoint, expected 'gapbridge.teacher'" in line
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    proc = run("experiments.evaluate", "default", "--checkpoint", str(garbage))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert str(garbage) in line and "not a readable checkpoint" in line
+
+
 def test_a_raising_deepracer_reward_function_exits_2_with_one_line(tmp_path):
     reward = tmp_path / "typo_reward.py"
     reward.write_text("def reward_function(params):\n    return params['nonexistent_key']\n")
