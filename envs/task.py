@@ -198,6 +198,9 @@ class Task:
     student_env_config: Callable[[Any, int, int | None], Any] = lambda cfg, num_envs, max_steps: cfg
     """`(cfg, num_envs, max_steps)` -> the env config a student drives in: its sensors on (the camera), `num_envs`
     envs, episodes of at most `max_steps` control steps (None: the config's own length)"""
+    observation_groups: Callable[[Any], tuple[str, ...]] | None = None
+    """`cfg` -> the observation groups an env of that config offers, so that a consumer needing one it lacks is refused
+    from the config alone, before any env is built (None: checked on the built env)"""
     factor_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     """physical range of each factor that maps linearly onto [-1, 1] in `env_factors`"""
     latency_classes: Callable[[Any], dict[str, int]] = lambda cfg: {}
@@ -223,9 +226,17 @@ class Task:
         lo, hi = self.factor_bounds[name]
         return 2.0 * (value - lo) / (hi - lo) - 1.0
 
+    def require_groups(self, cfg: Any, needed: tuple[str, ...], consumer: str) -> None:
+        """Refuse, from the env config alone, an env that would lack an observation group a consumer reads, naming
+        the group (a task without `observation_groups` is checked once its env is built: `check_groups`)."""
+        if self.observation_groups is not None:
+            self._refuse_missing(set(self.observation_groups(cfg)), needed, consumer)
+
     def check_groups(self, env: Any, needed: tuple[str, ...], consumer: str) -> None:
         """Refuse an env that lacks an observation group a consumer reads, naming the group."""
-        have = set(env.get_observations().keys())
+        self._refuse_missing(set(env.get_observations().keys()), needed, consumer)
+
+    def _refuse_missing(self, have: set[str], needed: tuple[str, ...], consumer: str) -> None:
         missing = [g for g in needed if g not in have]
         if missing:
             raise TaskMismatchError(

@@ -93,6 +93,8 @@ class Distiller:
         torch.manual_seed(dagger_cfg.seed)
         self.task = task_of_config(env_cfg)
         self.env_cfg = self.task.student_env_config(env_cfg, dagger_cfg.envs, dagger_cfg.steps_per_round)
+        self.task.require_groups(self.env_cfg, ("teacher", "env_factors"), "the teacher")
+        self.task.require_groups(self.env_cfg, ("camera", "proprio"), "the student")
         self.env = self.task.make_env(collection_world(self.env_cfg, dagger_cfg))
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")

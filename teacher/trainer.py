@@ -101,6 +101,7 @@ class TeacherTrainer:
                 f"got {type(eval_cfg).__name__}"
             )
         policy_cfg.check_factors(self.task.factor_names)
+        self.task.require_groups(env_cfg, ("teacher", "env_factors"), "the teacher")
         self.env = self.task.make_env(env_cfg)
         self.task.check_groups(self.env, ("teacher", "env_factors"), "the teacher")
         self.runner, self.alg = build_ppo(self.env, policy_cfg, ppo_cfg, self.task.factor_names, trainer_cfg.device)

@@ -152,6 +152,7 @@ TASK = register_task(
         episode_score=float,
         previous_action_dim=2,
         student_env_config=lambda cfg, n, k: replace(cfg, num_envs=n, camera=True, max_steps=k or cfg.max_steps),
+        observation_groups=lambda cfg: ("teacher", "env_factors", "proprio", *(("camera",) if cfg.camera else ())),
         factor_bounds={"gain": GAIN_RANGE},
         description="a point mass pushed to a goal (tests only)",
     )

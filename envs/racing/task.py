@@ -90,6 +90,12 @@ TASK = register_task(
         factor_bounds=FACTOR_BOUNDS,
         previous_action_dim=2,
         student_env_config=student_env_config,
+        observation_groups=lambda cfg: (
+            "teacher",
+            "env_factors",
+            "proprio",
+            *(("camera",) if cfg.camera != "none" else ()),
+        ),
         estimates=ESTIMATES,
         estimate_targets=estimate_targets,
         action_spec_from_dict=action_spec_from_dict,

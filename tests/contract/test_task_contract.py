@@ -106,9 +106,19 @@ def test_a_checkpoint_of_one_task_is_refused_by_another_naming_both(teacher_run)
 
 
 def test_a_task_whose_env_lacks_a_group_the_student_reads_is_refused_by_name(teacher_run, tmp_path, monkeypatch):
-    """The toy env without its camera: DAgger refuses it when the student is built, naming the group."""
+    """The toy env without its camera: refused from the config before any env is built when the task declares its
+    groups, and on the built env when it does not; either way naming the group."""
     teacher = load_teacher(teacher_run[0])
-    blind = replace(toy.TASK, student_env_config=lambda cfg, n, steps: replace(cfg, num_envs=n, camera=False))
+
+    def no_env(cfg):
+        raise AssertionError("an env was built")
+
+    no_camera = lambda cfg, n, steps: replace(cfg, num_envs=n, camera=False)  # noqa: E731
+    blind = replace(toy.TASK, student_env_config=no_camera, make_env=no_env)
     monkeypatch.setitem(task_module._REGISTRY, "point-mass", blind)
     with pytest.raises(GapbridgeError, match=r"task 'point-mass': the student reads .*\['camera'\]"):
+        Distiller(teacher, ENV, StudentConfig(), DaggerConfig(rounds=1, envs=2), AugmentConfig(), EVAL, tmp_path)
+    undeclared = replace(toy.TASK, student_env_config=no_camera, observation_groups=None)
+    monkeypatch.setitem(task_module._REGISTRY, "point-mass", undeclared)
+    with pytest.raises(GapbridgeError, match=r"task 'point-mass': the student reads .*\['camera'\].*it has"):
         Distiller(teacher, ENV, StudentConfig(), DaggerConfig(rounds=1, envs=2), AugmentConfig(), EVAL, tmp_path)
