@@ -82,6 +82,13 @@ def main(cfg: DemoConfig) -> dict:
     out = Path(cfg.out_dir)
     wandb = wandb_flags(cfg.wandb)
 
+    def saved_checkpoint(run_dir: Path, pattern: str, flag: str, spec: str) -> Path:
+        """The stage's newest checkpoint; a stage that saved none is refused, naming its flag."""
+        found = latest_checkpoint(run_dir, pattern)
+        if found is None:
+            raise ConfigError(f"{flag} {spec!r} saved no checkpoint in {run_dir / 'checkpoints'}")
+        return found
+
     def stage(number: int, title: str, module: str, args: list[str]) -> None:
         rule(console, f"{number}/6 {title}")
         run_stage(f"demo stage {number}/6", module, [*args, "--task", current_task()])
@@ -94,15 +101,11 @@ def main(cfg: DemoConfig) -> dict:
         teacher_args = stage_args("teacher", cfg.teacher)
         stage(2, "teacher: PPO on ground-truth state", "experiments.train_teacher",
               [*teacher_args, "--run-dir", str(out / "teacher"), *wandb])  # fmt: skip
-        teacher_ckpt = latest_checkpoint(out / "teacher", TEACHER_CHECKPOINTS)
-        if teacher_ckpt is None:
-            raise ConfigError(f"--teacher {cfg.teacher!r} saved no checkpoint in {out / 'teacher' / 'checkpoints'}")
+        teacher_ckpt = saved_checkpoint(out / "teacher", TEACHER_CHECKPOINTS, "--teacher", cfg.teacher)
         student_args = [*stage_args("student", cfg.student), "--teacher", str(teacher_ckpt)]
         stage(3, "student: DAgger from the camera", "experiments.distill_student",
               [*student_args, "--run-dir", str(out / "student"), *wandb])  # fmt: skip
-        student_ckpt = latest_checkpoint(out / "student", STUDENT_CHECKPOINTS)
-        if student_ckpt is None:
-            raise ConfigError(f"--student {cfg.student!r} saved no checkpoint in {out / 'student' / 'checkpoints'}")
+        student_ckpt = saved_checkpoint(out / "student", STUDENT_CHECKPOINTS, "--student", cfg.student)
         export_args = [*stage_args("export", cfg.export), "--checkpoint", str(student_ckpt)]
         stage(4, "export", "experiments.export_student", [*export_args, "--out-dir", str(out / "export")])
         loop_args = ["sim", "--export", str(out / "export"), "--loop.max-steps", str(cfg.drive_steps)]
