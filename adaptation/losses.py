@@ -43,7 +43,7 @@ def adaptation_losses(
     if not spec.regressions:
         return losses
     sq = (heads["estimates"] - spec.normalize(targets)).square()
-    factor_col = torch.tensor([name in spec.factors for name in spec.regressions])
+    factor_col = torch.tensor([name in spec.factors for name in spec.regressions], device=sq.device)
     col_w = torch.where(factor_col, fw.unsqueeze(-1), w.unsqueeze(-1))
     names = estimate_weights or {}
     unknown = set(names) - set(spec.regressions)

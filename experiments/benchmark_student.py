@@ -1,6 +1,7 @@
 """Student compute: DAgger training windows per second and deployment-step frames per second, per architecture.
 
     python -m experiments.benchmark_student default     # writes outputs/benchmark_student.json
+    python -m experiments.benchmark_student default --device cuda --variants default
 
 Times `train_step` (augmentation, forward over `context + labels_per_window` frames with the context encoded without
 gradients and the encoder's gradient through every `--dagger.cnn-grad-stride`-th supervised frame, losses, backward,
@@ -58,6 +59,8 @@ class StudentBenchConfig:
     """cars in the timed deployment step"""
     step_calls: int = 50
     """timed deployment steps per variant"""
+    device: str = "cpu"
+    """torch device of the model, the batches and the deployment step (e.g. cuda)"""
     out: str = "outputs/benchmark_student.json"
     """JSON output"""
 
@@ -82,12 +85,19 @@ def synthetic_batch(cfg: StudentConfig, dagger: DaggerConfig, rng: np.random.Gen
     }
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so that a timer sees it done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure(name: str, cfg: StudentBenchConfig) -> dict:
     torch.manual_seed(0)
     student = VARIANTS[name]
-    model = StudentModel(student, SPEC)
+    device = torch.device(cfg.device)
+    model = StudentModel(student, SPEC).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.dagger.learning_rate)
-    gen, rng = torch.Generator().manual_seed(1), np.random.default_rng(0)
+    gen, rng = torch.Generator(device=device).manual_seed(1), np.random.default_rng(0)
     batch = synthetic_batch(student, cfg.dagger, rng)
     aug = AugmentConfig()
     step = lambda: train_step(model, optimizer, batch, cfg.dagger, 1 / 60, lambda x: augment(x, aug, gen))  # noqa: E731
@@ -98,14 +108,16 @@ def measure(name: str, cfg: StudentBenchConfig) -> dict:
         step()
     train_s = (time.perf_counter() - t0) / cfg.train_steps
     model.eval()
-    state = model.init_state(cfg.step_envs)
-    camera = torch.randint(0, 256, (cfg.step_envs, 1, 120, 160), dtype=torch.uint8)
-    prev = torch.zeros(cfg.step_envs, 2)
+    state = model.init_state(cfg.step_envs, device)
+    camera = torch.randint(0, 256, (cfg.step_envs, 1, 120, 160), dtype=torch.uint8, device=device)
+    prev = torch.zeros(cfg.step_envs, 2, device=device)
     with torch.no_grad():
         model.step(camera, prev, state)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(cfg.step_calls):
             _, _, state = model.step(camera, prev, state)
+        synchronize(device)
         step_s = (time.perf_counter() - t0) / cfg.step_calls
     window = batch["camera"].shape[1]
     return {
@@ -121,6 +133,8 @@ def measure(name: str, cfg: StudentBenchConfig) -> dict:
 
 
 def main(cfg: StudentBenchConfig) -> dict:
+    if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device on this machine; use --device cpu")
     console = make_console()
     info = machine()  # the load average before the measurements
     rows = [measure(name, cfg) for name in cfg.variants]
@@ -135,8 +149,8 @@ def main(cfg: StudentBenchConfig) -> dict:
                       f"{r['train_step_vs_first']:.2f}", f"{r['deploy_frames_per_s']:.0f}",
                       str(r["state_floats_per_car"]))  # fmt: skip
     console.print(table)
-    result = {"results": rows, "machine": info, "dagger": {"batch_windows": cfg.dagger.batch_windows,
-              "labels_per_window": cfg.dagger.labels_per_window}}  # fmt: skip
+    shape = {"batch_windows": cfg.dagger.batch_windows, "labels_per_window": cfg.dagger.labels_per_window}
+    result = {"results": rows, "machine": info, "device": cfg.device, "dagger": shape}
     write_text_atomic(cfg.out, json.dumps(result, indent=2))
     console.print(f"results in [bold]{cfg.out}[/]")
     return result
