@@ -5,9 +5,13 @@
     python -m experiments.distill_student default --teacher ... --student.history.kind none
     python -m experiments.distill_student default --teacher ... --augment.enabled False
     python -m experiments.distill_student default --teacher ... --resume runs/student      # continue exactly
+    torchrun --nproc-per-node 2 -m experiments.distill_student default --teacher ... --distributed   # 2 ranks
 
 The run directory holds `data/` (one HDF5 shard per round + manifest.json), `checkpoints/round_*.pt`, `eval.json`,
-plots and a short camera video with the chosen actions; W&B gets the same.
+plots and a short camera video with the chosen actions; W&B gets the same. With `--distributed` under torchrun
+every rank collects `dagger.envs / world size` envs into its own shards (`data/round_NNN_rankK.h5`, all listed in the
+manifest) and trains on `dagger.batch-windows / world size` windows per step with the gradients averaged; rank 0
+evaluates and writes the run directory.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from datasets.run_logger import RunLogger, WandbConfig, check_login
 from envs.augment import AugmentConfig
 from envs.config_io import to_yaml, write_text_atomic
 from envs.console import make_console
+from envs.distributed import init_distributed, shutdown
 from envs.errors import ConfigError
 from envs.racing.evaluation import EvalConfig, evaluate
 from envs.racing.visualize import plot_trajectories, save_frame_strip
@@ -58,6 +63,12 @@ class DistillConfig:
     """checkpoint, or run directory (its latest round), to continue"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """W&B logging"""
+    distributed: bool = False
+    """data-parallel DAgger over the processes torchrun starts (`torchrun --nproc-per-node N -m
+    experiments.distill_student ... --distributed`): gloo on CPU, nccl on CUDA"""
+    distributed_timeout_s: float = 300.0
+    """how long a rank waits for the others at a collective before the run fails (a rank that dies fails the others
+    at once)"""
 
     def __post_init__(self) -> None:
         if self.student.estimator.motion == "odometry":
@@ -94,6 +105,7 @@ def main(cfg: DistillConfig) -> dict:
     if not cfg.teacher:
         raise ConfigError("--teacher is required (a teacher checkpoint from experiments.train_teacher)")
     check_login(cfg.wandb)
+    rank = init_distributed(cfg.distributed, "cpu", cfg.distributed_timeout_s, "experiments.distill_student")
     console = make_console()
     run_dir = Path(cfg.run_dir)
     ckpt = None
@@ -103,15 +115,24 @@ def main(cfg: DistillConfig) -> dict:
             raise ConfigError(f"--resume {cfg.resume}: no checkpoints/round_*.pt there")
     teacher = load_teacher(cfg.teacher)
     env_cfg = replace(teacher.env_cfg, compile=False)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
-    distiller = Distiller(teacher, env_cfg, cfg.student, cfg.dagger, cfg.augment, cfg.eval, run_dir, cfg.teacher)
+    if rank.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", to_yaml(cfg))
+    distiller = Distiller(
+        teacher, env_cfg, cfg.student, cfg.dagger, cfg.augment, cfg.eval, run_dir, cfg.teacher, rank=rank
+    )  # fmt: skip
     if ckpt is not None:
         distiller.resume(ckpt)
-        console.print(f"resumed from {ckpt} after round {distiller.round}")
+        if rank.is_main:
+            console.print(f"resumed from {ckpt} after round {distiller.round}")
+    if not rank.is_main:  # rank 0 logs, evaluates and writes; the others collect and train
+        distiller.run(show_progress=False)
+        shutdown(rank)
+        return {}
     logger = RunLogger(cfg.wandb, run_dir, name=run_dir.name, config=cfg)
     distiller.log = logger.log
     distiller.run()
+    shutdown(rank)
 
     # Final comparison: student and teacher on the same camera-env episodes.
     eval_env_cfg = replace(distiller.env_cfg, termination=env_cfg.termination)
@@ -141,6 +162,7 @@ def main(cfg: DistillConfig) -> dict:
         "rounds": distiller.round,
         "samples": distiller.samples,
         "dagger_minutes": distiller.wall_minutes,
+        "world_size": rank.world_size,
         "history": distiller.history,
         "estimator_fit": distiller.estimator_fit,
     }

@@ -4,9 +4,11 @@
     python -m experiments.train_teacher smoke --run-dir /tmp/t
     python -m experiments.train_teacher default --resume runs/teacher  # continue the latest checkpoint exactly
     python -m experiments.train_teacher fast-throttle                # higher max speed in training
+    torchrun --nproc-per-node 2 -m experiments.train_teacher default --distributed   # data-parallel over 2 ranks
 
 A run directory holds `config.yaml`, `checkpoints/iter_*.pt` (every checkpoint kept), `eval.json`, plots, and the
-W&B files (`--wandb.mode online|offline|disabled`, default offline).
+W&B files (`--wandb.mode online|offline|disabled`, default offline). With `--distributed` under torchrun every rank
+steps `env.num_envs / world size` envs of its own and rank 0 logs, evaluates and writes the run directory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datasets.run_logger import RunLogger, WandbConfig, check_login
 from envs.camera_model import CameraConfig
 from envs.config_io import to_yaml, write_text_atomic
 from envs.console import make_console
+from envs.distributed import init_distributed, shutdown
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.effects import EffectsConfig
@@ -62,6 +65,12 @@ class TrainTeacherConfig:
     """checkpoint file, or a run directory (its latest checkpoint), to continue exactly"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
     """W&B logging"""
+    distributed: bool = False
+    """data-parallel training over the processes torchrun starts (`torchrun --nproc-per-node N -m
+    experiments.train_teacher ... --distributed`): gloo on CPU, nccl on CUDA; `env.num_envs` is the total over ranks"""
+    distributed_timeout_s: float = 300.0
+    """how long a rank waits for the others at a collective before the run fails (a rank that dies fails the others
+    at once)"""
 
     def __post_init__(self) -> None:
         self.policy.check_factors(task_of_config(self.env).factor_names)
@@ -81,21 +90,30 @@ def resume_path(spec: str) -> Path:
 
 def main(cfg: TrainTeacherConfig) -> dict:
     check_login(cfg.wandb)
+    rank = init_distributed(cfg.distributed, cfg.trainer.device, cfg.distributed_timeout_s, "experiments.train_teacher")
     console = make_console()
     run_dir = Path(cfg.run_dir)
     ckpt = resume_path(cfg.resume) if cfg.resume else None
-    run_dir.mkdir(parents=True, exist_ok=True)
     config_yaml = to_yaml(cfg)
-    write_text_atomic(run_dir / "config.yaml", config_yaml)
+    if rank.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", config_yaml)
     t0 = time.time()
-    trainer = TeacherTrainer(cfg.env, cfg.policy, cfg.ppo, cfg.trainer, cfg.eval, run_dir, config_yaml)
+    trainer = TeacherTrainer(cfg.env, cfg.policy, cfg.ppo, cfg.trainer, cfg.eval, run_dir, config_yaml, rank=rank)
     if ckpt is not None:
         trainer.resume(ckpt)
-        console.print(f"resumed from {ckpt} at iteration {trainer.iteration}")
+        if rank.is_main:
+            console.print(f"resumed from {ckpt} at iteration {trainer.iteration}")
+    if not rank.is_main:  # rank 0 logs, evaluates and writes; the others train
+        trainer.train(show_progress=False)
+        shutdown(rank)
+        return {}
     logger = RunLogger(cfg.wandb, run_dir, name=run_dir.name, config=cfg, run_id=trainer.wandb_run_id)
     trainer.log, trainer.wandb_run_id = logger.log, logger.run_id
     final = trainer.train()
+    shutdown(rank)
     summary = {"train_eval": final, "iterations": trainer.iteration, "env_steps": trainer.env_steps}
+    summary["world_size"] = rank.world_size
     summary["wall_minutes"] = (time.time() - t0) / 60.0
     summary["optimal_lap_time"] = trainer.eval_env.optimal_lap_time
 

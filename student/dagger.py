@@ -153,20 +153,25 @@ def train_step(
     cfg: DaggerConfig,
     dt_physics: float,
     augment_fn,
+    sync_gradients=None,
 ) -> dict[str, float]:
-    """One gradient step on a batch of windows; returns the loss terms and the action agreement."""
-    mask = torch.from_numpy(batch["mask"])
-    camera = augment_fn(torch.from_numpy(batch["camera"]))  # uint8 in, float [0, 1] out
-    prev_action = torch.from_numpy(batch["prev_action"])
+    """One gradient step on a batch of windows, on the model's device (`augment_fn` gets the uint8 frames there);
+    returns the loss terms and the action agreement. `sync_gradients` (data-parallel runs) averages the gradients over
+    the ranks between the backward pass and the clip."""
+    device = next(model.parameters()).device  # the batch goes where the model is
+    tensor = lambda key: torch.from_numpy(batch[key]).to(device)  # noqa: E731
+    mask = tensor("mask")
+    camera = augment_fn(tensor("camera"))  # uint8 in, float [0, 1] out
+    prev_action = tensor("prev_action")
     lmask = loss_mask(mask, model.cfg.context)
     # Frames before the first supervised position only feed the history: no gradient through the CNN there.
     first_label = int(lmask.float().argmax(dim=1).min()) if bool(lmask.any()) else 0
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16(cfg)):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(cfg)):
         outputs, heads = model.forward_window(
             camera, prev_action, mask, context_no_grad=first_label, grad_stride=cfg.cnn_grad_stride
         )
     outputs, heads = outputs.float(), {k: v.float() for k, v in heads.items()}
-    teacher_logits = torch.from_numpy(batch["teacher_logits"])
+    teacher_logits = tensor("teacher_logits")
     loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)
     total = loss_action
     terms = {"action": loss_action}
@@ -177,7 +182,7 @@ def train_step(
         spec = model.spec.estimates
         weights = {"speed": cfg.speed_weight} if "speed" in spec.regressions else {}
         ad = adaptation_losses(
-            heads, torch.from_numpy(batch["z"]), torch.from_numpy(batch["targets"]), lmask, dt_physics, spec,
+            heads, tensor("z"), tensor("targets"), lmask, dt_physics, spec,
             fmask, estimate_weights=weights,
         )  # fmt: skip
         total = total + cfg.z_weight * ad["z"] + cfg.latency_weight * sum(ad[name] for name in spec.latencies)
@@ -186,6 +191,8 @@ def train_step(
         terms.update({f"{k}": v for k, v in ad.items()})
     optimizer.zero_grad(set_to_none=True)
     total.backward()
+    if sync_gradients is not None:
+        sync_gradients()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
     optimizer.step()
     with torch.no_grad():

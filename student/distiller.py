@@ -1,4 +1,11 @@
-"""The DAgger run: collection envs, shards and manifest, student training, evaluation, checkpoints and resume."""
+"""The DAgger run: collection envs, shards and manifest, student training, evaluation, checkpoints and resume.
+
+On several ranks (`envs.distributed`, launched by torchrun) each rank drives its share of the collection envs in its
+own worlds and writes its own shard per round (`round_NNN_rankK.h5`); rank 0 lists every rank's shards in the
+manifest, every rank samples its share of the training windows from all of them, and the gradients are averaged over
+the ranks (data parallel, as DDP does). The β schedule and the rounds are the same as on one process. Rank 0 alone
+evaluates, logs and writes checkpoints, which hold every rank's env and RNG state for an exact resume.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,18 @@ from datasets.rollouts import (
 from datasets.staging import EpisodeStager
 from envs.augment import AugmentConfig, augment
 from envs.config_io import to_yaml
+from envs.distributed import (
+    SINGLE,
+    Rank,
+    average_gradients,
+    barrier,
+    broadcast_parameters,
+    check_world,
+    env_share,
+    gather,
+    main_decides,
+    per_rank,
+)
 from envs.errors import ConfigError
 from envs.progress import stage_progress
 from envs.task import Task, task_of_config
@@ -86,23 +105,31 @@ class Distiller:
         run_dir: str | Path,
         teacher_path: str = "",
         log: LogFn | None = None,
+        rank: Rank = SINGLE,
     ) -> None:
         self.teacher, self.cfg, self.student_cfg, self.augment_cfg = teacher, dagger_cfg, student_cfg, augment_cfg
         self.eval_cfg, self.run_dir, self.teacher_path = eval_cfg, Path(run_dir), teacher_path
         self.log = log or (lambda metrics, step: None)
+        self.rank = rank
         torch.manual_seed(dagger_cfg.seed)
         self.task = task_of_config(env_cfg)
         self.env_cfg = self.task.student_env_config(env_cfg, dagger_cfg.envs, dagger_cfg.steps_per_round)
         self.task.require_groups(self.env_cfg, ("teacher", "env_factors"), "the teacher")
         self.task.require_groups(self.env_cfg, ("camera", "proprio"), "the student")
-        self.env = self.task.make_env(collection_world(self.env_cfg, dagger_cfg))
+        self.batch_windows = per_rank(dagger_cfg.batch_windows, rank, "dagger.batch_windows")
+        self.env = self.task.make_env(collection_world(env_share(self.env_cfg, rank, "dagger.envs"), dagger_cfg))
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
         self.spec = output_spec(self.task, self.env, teacher)
         self.model = StudentModel(student_cfg, self.spec)
+        broadcast_parameters(self.model, rank)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
-        self.policy = StudentPolicy(self.model, dagger_cfg.envs)
-        self.eval_env = self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)
+        self.policy = StudentPolicy(self.model, self.env.num_envs)
+        self.eval_env = (
+            self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)
+            if rank.is_main
+            else None
+        )
         self.data_dir = self.run_dir / "data"
         obs = self.env.get_observations()
         self.schema = rollout_schema(
@@ -113,9 +140,12 @@ class Distiller:
         self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
         self.history: list[dict[str, float]] = []
         self.estimator_fit: dict[str, float] = {}  # the factor estimator's fit after the last round (scores)
-        self.aug_generator = torch.Generator().manual_seed(dagger_cfg.seed + 1)
-        self.mix_generator = torch.Generator().manual_seed(dagger_cfg.seed + 2)
-        self.np_rng = np.random.default_rng(dagger_cfg.seed + 3)
+        seed = rank.seed(dagger_cfg.seed)  # the run's seed on rank 0: a single-process run is unchanged
+        if rank.distributed:
+            torch.manual_seed(seed)  # the same initial student everywhere (above), then each rank its own draws
+        self.aug_generator = torch.Generator().manual_seed(seed + 1)
+        self.mix_generator = torch.Generator().manual_seed(seed + 2)
+        self.np_rng = np.random.default_rng(seed + 3)
 
     # --------------------------------------------------------------------------------------------- collect
     @torch.no_grad()
@@ -125,9 +155,13 @@ class Distiller:
         obs, _ = env.reset()
         self.policy.resize(env.num_envs)
         stager = EpisodeStager(env.num_envs, cfg.steps_per_round, self.schema)
-        path = self.data_dir / f"round_{r:03d}.h5"
-        writer = ShardWriter(path, self.schema, attrs={"round": r, "teacher": self.teacher_path})
-        episode_ids = self.episodes + np.arange(env.num_envs)
+        rank = self.rank
+        suffix = f"_rank{rank.rank}" if rank.distributed else ""
+        path = self.data_dir / f"round_{r:03d}{suffix}.h5"
+        attrs = {"round": r, "teacher": self.teacher_path, "rank": rank.rank}
+        writer = ShardWriter(path, self.schema, attrs=attrs)
+        # Episode ids are unique over the ranks: this rank's running count interleaved with the others'.
+        episode_ids = (self.episodes + np.arange(env.num_envs)) * rank.world_size + rank.rank
         self.episodes += env.num_envs
         used_student, agree, rows_written = 0.0, 0.0, 0
         for _ in range(cfg.steps_per_round):
@@ -163,7 +197,7 @@ class Distiller:
                 rows = stager.pop(done_ids)
                 writer.append(rows)
                 rows_written += len(rows["episode"])
-                episode_ids[done_ids] = self.episodes + np.arange(len(done_ids))
+                episode_ids[done_ids] = (self.episodes + np.arange(len(done_ids))) * rank.world_size + rank.rank
                 self.episodes += len(done_ids)
         pending = stager.pending()
         if len(pending):
@@ -172,8 +206,12 @@ class Distiller:
             writer.append(rows)
             rows_written += len(rows["episode"])
         writer.close()
-        add_shard(self.data_dir, path, {"round": r, "rows": rows_written})
-        self.samples += rows_written
+        shards = gather((path.name, rows_written), rank)  # every rank's shard of this round, in rank order
+        if rank.is_main:
+            for k, (name, rows) in enumerate(shards):
+                add_shard(self.data_dir, name, {"round": r, "rows": rows, "rank": k})
+        barrier(rank)  # the manifest lists every shard before any rank reads it
+        self.samples += sum(rows for _, rows in shards)
         steps = cfg.steps_per_round
         return {
             "collect/beta": teacher_probability(cfg, r),
@@ -192,12 +230,14 @@ class Distiller:
         for group in self.optimizer.param_groups:
             group["lr"] = round_learning_rate(cfg, self.round)
         sums: dict[str, float] = {}
+        sync = (lambda: average_gradients(self.model.parameters(), self.rank)) if self.rank.distributed else None
         try:
             for _ in range(cfg.train_steps):
-                batch = reader.sample(cfg.batch_windows, self.np_rng)
+                batch = reader.sample(self.batch_windows, self.np_rng)
                 stats = train_step(
                     self.model, self.optimizer, batch, cfg, self.task.dt_physics(self.env_cfg),
                     lambda x: augment(x, self.augment_cfg, self.aug_generator, compiled=True),
+                    sync_gradients=sync,
                 )  # fmt: skip
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -228,11 +268,13 @@ class Distiller:
         cfg = self.cfg
         start = time.time() - 60.0 * self.wall_minutes  # wall time counts across resumes (the budget is the run's)
         last: dict[str, float] = {}
-        progress = stage_progress("DAgger", disable=not show_progress)
-        if self.round == 0:
+        rank = self.rank
+        progress = stage_progress("DAgger", disable=not (show_progress and rank.is_main))
+        if self.round == 0 and rank.is_main:
             # A fresh run owns its data: shards an earlier run left in this directory (perhaps of an older schema)
             # are no longer listed, so training never mixes them in; their files are overwritten round by round.
             write_manifest(self.data_dir, {"schema_version": SCHEMA_VERSION, "shards": []})
+        barrier(rank)
         with progress:
             task = progress.add_task("dagger", total=cfg.rounds, completed=self.round, status="")
             while self.round < cfg.rounds:
@@ -241,10 +283,11 @@ class Distiller:
                 t1 = time.time()
                 metrics.update(self.train())
                 out_of_time = cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes
+                out_of_time = main_decides(out_of_time, rank)
                 if self.round == cfg.rounds - 1 or out_of_time:
-                    metrics.update(self.fit_estimator())
+                    metrics.update(self.fit_estimator())  # on every rank: the same data, seed and result
                 t2 = time.time()
-                last = self.evaluate()
+                last = self.evaluate() if rank.is_main else {}
                 metrics.update({f"eval/{k}": v for k, v in last.items()})
                 metrics.update({"perf/collect_s": t1 - t0, "perf/train_s": t2 - t1, "perf/eval_s": time.time() - t2})
                 metrics["dagger/round"] = float(self.round)
@@ -254,7 +297,8 @@ class Distiller:
                 self.log(metrics, self.samples)
                 self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
                 primary = self.task.primary_metric
-                status = f"{primary} {last[primary]:.0%}  agree {metrics.get('train/agreement', 0):.2f}"
+                agree = metrics.get("train/agreement", 0)
+                status = f"{primary} {last.get(primary, float('nan')):.0%}  agree {agree:.2f}"
                 progress.update(task, completed=self.round, status=status)
                 if out_of_time:  # decided before the estimator fit, so a run that stops has its estimator fitted
                     break
@@ -262,8 +306,24 @@ class Distiller:
         return last
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def checkpoint(self) -> dict[str, Any]:
+    def _rank_state(self) -> dict[str, Any]:
+        """What each rank has of its own: its envs, RNGs and episode count."""
         return {
+            "env_state": self.env.state_dict(),
+            "rng": rng_state(),
+            "generators": {
+                "augment": self.aug_generator.get_state(),
+                "mix": self.mix_generator.get_state(),
+                "numpy": json.dumps(self.np_rng.bit_generator.state),
+            },
+            "episodes": self.episodes,
+        }
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Everything a resume needs; on several ranks every rank calls it at the same point (it gathers their
+        states)."""
+        ranks = gather(self._rank_state(), self.rank) if self.rank.distributed else None
+        payload = {
             "kind": STUDENT_KIND,
             "format_version": FORMAT_VERSION,
             "task": self.task.name,
@@ -291,10 +351,16 @@ class Distiller:
             "estimator_fit": json.dumps(self.estimator_fit),
             "teacher_path": self.teacher_path,
             "git_sha": git_sha(),
+            "world_size": self.rank.world_size,
         }
+        if ranks is not None:
+            payload["ranks"] = ranks
+        return payload
 
     def save(self, path: str | Path) -> Path:
-        return save_atomic(self.checkpoint(), path)
+        """Write a checkpoint (rank 0; the other ranks only contribute their state). Every rank calls it."""
+        payload = self.checkpoint()
+        return save_atomic(payload, path) if self.rank.is_main else Path(path)
 
     def resume(self, path: str | Path) -> None:
         """Continue after the checkpoint's round; a round interrupted later is redone from its start."""
@@ -309,17 +375,20 @@ class Distiller:
                 raise CheckpointError(
                     f"{path}: {key[:-5]} configuration differs from this run's; resume needs the same"
                 )
+        check_world(int(data.get("world_size", 1)), self.rank, str(path))
+        own = data["ranks"][self.rank.rank] if self.rank.distributed else data
         self.model.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
-        set_rng_state(data["rng"])
-        self.aug_generator.set_state(data["generators"]["augment"])
-        self.mix_generator.set_state(data["generators"]["mix"])
-        self.np_rng.bit_generator.state = json.loads(data["generators"]["numpy"])
-        self.env.load_state_dict(data["env_state"])
-        self.round, self.episodes, self.samples = int(data["round"]), int(data["episodes"]), int(data["samples"])
+        set_rng_state(own["rng"])
+        self.aug_generator.set_state(own["generators"]["augment"])
+        self.mix_generator.set_state(own["generators"]["mix"])
+        self.np_rng.bit_generator.state = json.loads(own["generators"]["numpy"])
+        self.env.load_state_dict(own["env_state"])
+        self.round, self.episodes, self.samples = int(data["round"]), int(own["episodes"]), int(data["samples"])
         self.wall_minutes = float(data["wall_minutes"])
         self.history = json.loads(data["history"])
         self.estimator_fit = json.loads(data["estimator_fit"])
         # Drop shards of rounds after the checkpoint (an interrupted round is collected again).
-        manifest = json.loads(data["manifest"])
-        write_manifest(self.data_dir, manifest)
+        if self.rank.is_main:
+            write_manifest(self.data_dir, json.loads(data["manifest"]))
+        barrier(self.rank)

@@ -4,6 +4,11 @@ rsl-rl-lib 5.x composes a policy from a model class (`actor`/`critic` entries wi
 distribution (`distribution_cfg`). The teacher actor subclasses rsl_rl's `MLPModel` so that its latent is
 (normalized teacher state, z = mu(env factors)); discrete action spaces plug in our `CategoricalDistribution`,
 continuous ones use rsl_rl's Gaussian.
+
+Data-parallel runs use rsl_rl's own multi-GPU machinery (gradients averaged over ranks before the clip, the KL of the
+adaptive learning rate averaged, the observation normalizer's statistics reduced over ranks) on the process group that
+`envs.distributed` joined, with `gloo` as well as `nccl`; advantages are normalized with the statistics of every rank's
+rollouts, so an update on two ranks' halves of a batch equals the update on the whole batch.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import torch
+import torch.distributed as dist
+from rsl_rl.algorithms import PPO
 from rsl_rl.models import MLPModel
 from rsl_rl.runners import OnPolicyRunner
 from tensordict import TensorDict
 from torch import Tensor
 
+from envs.distributed import SINGLE, Rank
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.networks import FactorEncoder, mlp
 
@@ -79,6 +87,46 @@ class TeacherActorModel(MLPModel):
         return torch.cat([state, self.factor_encoder(factors)], dim=-1)
 
 
+class TeacherPPO(PPO):
+    """rsl_rl's PPO; on several ranks the advantages are normalized over all of them (rsl_rl normalizes each rank's
+    own)."""
+
+    def compute_returns(self, obs: TensorDict) -> None:
+        if not self.is_multi_gpu or self.normalize_advantage_per_mini_batch:
+            super().compute_returns(obs)
+            return
+        self.normalize_advantage_per_mini_batch = True  # returns and raw advantages only; normalized below
+        try:
+            super().compute_returns(obs)
+        finally:
+            self.normalize_advantage_per_mini_batch = False
+        adv = self.storage.advantages
+        stats = torch.stack([adv.sum(), adv.square().sum(), torch.tensor(adv.numel(), device=adv.device)]).double()
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM)
+        total, squares, count = stats.unbind()
+        mean = total / count
+        std = ((squares - count * mean.square()) / (count - 1)).clamp(min=0.0).sqrt()
+        self.storage.advantages = ((adv - mean) / (std + 1e-8)).to(adv.dtype)
+
+
+class _Runner(OnPolicyRunner):
+    """rsl_rl's runner on a process group that is already joined (any backend, any device), or none."""
+
+    def __init__(self, env, cfg: dict, device: str, rank: Rank) -> None:
+        self._rank = rank
+        super().__init__(env, cfg, log_dir=None, device=device)
+
+    def _configure_multi_gpu(self) -> None:
+        rank = self._rank
+        self.gpu_world_size, self.is_distributed = rank.world_size, rank.distributed
+        self.gpu_local_rank, self.gpu_global_rank = rank.local_rank, rank.rank
+        self.cfg["multi_gpu"] = (
+            {"global_rank": rank.rank, "local_rank": rank.local_rank, "world_size": rank.world_size}
+            if rank.distributed
+            else None
+        )
+
+
 def train_cfg(
     policy: TeacherPolicyConfig, ppo: PPOConfig, action_kind: str, num_choices: int, factor_names: tuple[str, ...]
 ) -> dict:
@@ -95,7 +143,7 @@ def train_cfg(
         "save_interval": 10**9,
         "check_for_nan": False,  # our trainer checks every step and names the group
         "obs_groups": {"actor": ["teacher", "env_factors"], "critic": ["teacher", "env_factors"]},
-        "algorithm": {"class_name": "PPO", **alg},
+        "algorithm": {"class_name": "teacher.rsl_adapter:TeacherPPO", **alg},
         "actor": {
             "class_name": "teacher.rsl_adapter:TeacherActorModel",
             "hidden_dims": list(policy.hidden_dims),
@@ -118,15 +166,25 @@ def train_cfg(
     }
 
 
-def build_ppo(env, policy: TeacherPolicyConfig, ppo: PPOConfig, factor_names: tuple[str, ...], device: str = "cpu"):
-    """An rsl_rl `OnPolicyRunner` (no log dir: our trainer logs and checkpoints) and its PPO algorithm."""
+def build_ppo(
+    env,
+    policy: TeacherPolicyConfig,
+    ppo: PPOConfig,
+    factor_names: tuple[str, ...],
+    device: str = "cpu",
+    rank: Rank = SINGLE,
+):
+    """An rsl_rl `OnPolicyRunner` (no log dir: our trainer logs and checkpoints) and its PPO algorithm; on several
+    ranks every rank starts from rank 0's parameters."""
     space = env.action_space
     cfg = train_cfg(policy, ppo, space.kind, space.num_outputs if space.kind == "discrete" else 0, factor_names)
     import contextlib
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):  # rsl_rl prints the model summaries
-        runner = OnPolicyRunner(env, cfg, log_dir=None, device=device)
+        runner = _Runner(env, cfg, device, rank)
+    if rank.distributed:
+        runner.alg.broadcast_parameters()
     return runner, runner.alg
 
 

@@ -4,6 +4,11 @@ The PPO update itself is rsl_rl's (built by `teacher/rsl_adapter.py`); this loop
 around it: a wall-clock budget, NaN/inf checks that name the observation group and step, fixed-seed evaluation in
 both directions, atomic checkpoints holding everything needed to continue bit-exactly (model, optimizer, learning
 rate, iteration, global and env RNG, the env's full state), and a progress bar.
+
+On several ranks (`envs.distributed`, launched by torchrun) each rank steps its own share of the envs in its own
+worlds and the PPO update averages the ranks' gradients; rank 0 alone evaluates, logs and writes checkpoints, which
+hold every rank's env and RNG state so that a resume with the same world size continues exactly. The wall-clock budget
+is rank 0's, so all ranks stop at the same iteration.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tensordict import TensorDict
 
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
 from envs.config_io import to_yaml
+from envs.distributed import SINGLE, Rank, check_world, env_share, gather, main_decides
 from envs.errors import GapbridgeError, check_range
 from envs.progress import stage_progress
 from envs.task import task_of_config
@@ -86,6 +92,7 @@ class TeacherTrainer:
         run_config_yaml: str = "",
         log: LogFn | None = None,
         wandb_run_id: str = "",
+        rank: Rank = SINGLE,
     ) -> None:
         self.env_cfg, self.policy_cfg, self.ppo_cfg = env_cfg, policy_cfg, ppo_cfg
         self.cfg, self.eval_cfg = trainer_cfg, eval_cfg
@@ -93,6 +100,7 @@ class TeacherTrainer:
         self.run_config_yaml = run_config_yaml
         self.log = log or (lambda metrics, step: None)
         self.wandb_run_id = wandb_run_id
+        self.rank = rank
         torch.manual_seed(trainer_cfg.seed)
         self.task = task_of_config(env_cfg)
         if not isinstance(eval_cfg, self.task.eval_config_cls):
@@ -102,10 +110,14 @@ class TeacherTrainer:
             )
         policy_cfg.check_factors(self.task.factor_names)
         self.task.require_groups(env_cfg, ("teacher", "env_factors"), "the teacher")
-        self.env = self.task.make_env(env_cfg)
+        self.env = self.task.make_env(env_share(env_cfg, rank))
         self.task.check_groups(self.env, ("teacher", "env_factors"), "the teacher")
-        self.runner, self.alg = build_ppo(self.env, policy_cfg, ppo_cfg, self.task.factor_names, trainer_cfg.device)
-        self.eval_env = self.task.make_eval_env(env_cfg, eval_cfg)
+        self.runner, self.alg = build_ppo(
+            self.env, policy_cfg, ppo_cfg, self.task.factor_names, trainer_cfg.device, rank
+        )  # fmt: skip
+        if rank.distributed:  # same initial weights everywhere (above), then each rank its own sampling and dropout
+            torch.manual_seed(rank.seed(trainer_cfg.seed))
+        self.eval_env = self.task.make_eval_env(env_cfg, eval_cfg) if rank.is_main else None
         self.iteration = 0
         self.env_steps = 0
         self.history: list[dict[str, float]] = []
@@ -118,7 +130,7 @@ class TeacherTrainer:
         start = time.time()
         obs = self.env.get_observations()
         last_eval: dict[str, float] = {}
-        progress = stage_progress("teacher", disable=not show_progress)
+        progress = stage_progress("teacher", disable=not (show_progress and self.rank.is_main))
         with progress:
             task = progress.add_task("train", total=cfg.iterations, completed=self.iteration, status="")
             while self.iteration < cfg.iterations:
@@ -135,8 +147,9 @@ class TeacherTrainer:
                 self.iteration += 1
                 metrics = self._train_metrics(episode_logs, reward_sum, losses, collect, time.time() - t0)
                 out_of_time = cfg.max_minutes > 0 and (time.time() - start) / 60.0 >= cfg.max_minutes
+                out_of_time = main_decides(out_of_time, self.rank, self.cfg.device)
                 last = self.iteration >= cfg.iterations or out_of_time
-                if self.iteration % cfg.eval_every == 0 or last:
+                if (self.iteration % cfg.eval_every == 0 or last) and self.rank.is_main:
                     last_eval = self.evaluate()
                     metrics.update({f"eval/{k}": v for k, v in last_eval.items()})
                     self.history.append({"iteration": self.iteration, "env_steps": self.env_steps, **last_eval})
@@ -170,7 +183,7 @@ class TeacherTrainer:
                     logs.append(extras["log"])
                 reward_sum += float(rewards.mean())
             alg.compute_returns(obs)
-        self.env_steps += env.num_envs * self.ppo_cfg.num_steps_per_env
+        self.env_steps += env.num_envs * self.ppo_cfg.num_steps_per_env * self.rank.world_size
         return obs, logs, reward_sum / self.ppo_cfg.num_steps_per_env
 
     def _train_metrics(self, logs, reward, losses, collect_s, total_s) -> dict[str, float]:
@@ -178,7 +191,10 @@ class TeacherTrainer:
             "train/iteration": float(self.iteration),
             "train/step_reward": reward,
             "train/learning_rate": float(self.alg.learning_rate),
-            "perf/env_steps_per_s": self.env.num_envs * self.ppo_cfg.num_steps_per_env / max(collect_s, 1e-9),
+            "perf/env_steps_per_s": self.env.num_envs
+            * self.rank.world_size
+            * self.ppo_cfg.num_steps_per_env
+            / max(collect_s, 1e-9),
             "perf/iteration_s": total_s,
         }
         metrics.update({f"loss/{k}": float(v) for k, v in losses.items()})
@@ -189,7 +205,9 @@ class TeacherTrainer:
         return metrics
 
     def _diverged(self, message: str) -> None:
-        path = self.save(self.run_dir / "checkpoints" / "diverged.pt", extra={"diverged": message})
+        name = f"diverged_rank{self.rank.rank}.pt" if self.rank.distributed else "diverged.pt"
+        payload = {**self.checkpoint(collective=False), "diverged": message}
+        path = save_atomic(payload, self.run_dir / "checkpoints" / name)
         raise TrainingDiverged(f"{message}; state written to {path}")
 
     # --------------------------------------------------------------------------------------------- evaluate
@@ -210,9 +228,11 @@ class TeacherTrainer:
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self, collective: bool = True) -> dict[str, Any]:
+        """Everything a resume needs. On several ranks (`collective`: every rank calls it at the same point) it also
+        holds every rank's env and RNG state; rank 0's are the top-level ones."""
         alg = self.alg
-        return {
+        payload = {
             "kind": TEACHER_KIND,
             "format_version": FORMAT_VERSION,
             "task": self.task.name,
@@ -233,12 +253,19 @@ class TeacherTrainer:
             "history": json.dumps(self.history),
             "git_sha": git_sha(),
             "wandb_run_id": self.wandb_run_id,
+            "world_size": self.rank.world_size,
         }
+        if self.rank.distributed and collective:
+            payload["ranks"] = gather({"env_state": payload["env_state"], "rng": payload["rng"]}, self.rank)
+        return payload
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint (rank 0; the other ranks only contribute their state). Every rank calls it."""
         payload = self.checkpoint()
         if extra:
             payload.update(extra)
+        if not self.rank.is_main:
+            return Path(path)
         return save_atomic(payload, path)
 
     def resume(self, path: str | Path) -> None:
@@ -252,6 +279,7 @@ class TeacherTrainer:
                 raise CheckpointError(
                     f"{path}: {key[:-5]} configuration differs from this run's; resume needs the same"
                 )
+        check_world(int(data.get("world_size", 1)), self.rank, str(path))
         alg = self.alg
         try:
             alg.get_policy().load_state_dict(data["actor"])
@@ -262,8 +290,9 @@ class TeacherTrainer:
         alg.learning_rate = float(data["learning_rate"])
         for group in alg.optimizer.param_groups:
             group["lr"] = alg.learning_rate
-        self.env.load_state_dict(data["env_state"])
-        set_rng_state(data["rng"])
+        own = data["ranks"][self.rank.rank] if self.rank.distributed else data
+        self.env.load_state_dict(own["env_state"])
+        set_rng_state(own["rng"])
         self.iteration, self.env_steps = int(data["iteration"]), int(data["env_steps"])
         self.history = json.loads(data["history"])
         self.wandb_run_id = data["wandb_run_id"] or self.wandb_run_id
