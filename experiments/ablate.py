@@ -13,6 +13,21 @@ its row is read back from that run's `eval.json`. A finished variant is not run 
 resumes from its latest checkpoint (the command each variant ran is kept in its run directory, and a directory holding
 another command is refused). A variant that fails stops the ablation with one line naming it and its exit code.
 
+Seeds and launchers:
+
+    python -m experiments.ablate teacher --variants base no-noise --seeds 0 1 --launcher local --max-parallel 2
+    python -m experiments.ablate student --teacher … --variants base beta-zero --seeds 0 1 2 3 \\
+        --launcher slurm --slurm.partition gpu --slurm.gpus-per-job 1 --job-minutes 120 --max-parallel 8
+
+`--seeds` runs every variant once per seed, passing the seed to the stage's seed flags (SEED_FLAGS), each run in
+`<out-dir>/<variant>/seed_<S>`; the table then shows each metric's mean ± the half-width of its 95% t-interval over the
+seeds, and `ablation.json` also keeps the per-seed rows. Without `--seeds` a variant runs once at the stage's own seed
+in `<out-dir>/<variant>`. `--launcher inline` (default) runs the runs one after another from this process;
+`local` and `slurm` submit one submitit job per run (logs in `--launcher-dir`, default `<out-dir>/jobs`), the job
+running the same `python -m …` command line, at most `--max-parallel` at a time, and wait for them all. With a launcher,
+a run that fails does not stop the others: the rows that finished are written, then one line names each failed run
+with its exit code and job log, and the ablation exits non-zero. A sweep run again submits only what is missing.
+
 With `--proxy`, every variant's final policy is also evaluated in the reality proxy (`--proxy-reality.*`,
 `--proxy-eval.*`), which is where the transfer findings (augmentation, dropout, entropy, max throttle) show: the
 training sim cannot tell them apart. `--proxy-top-speed 2.8` races every variant there at the same top speed through
@@ -25,13 +40,25 @@ Results: `ablation.json` and `ablation.md` in the output directory.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+import submitit
 import yaml
 from rich.table import Table
+from scipy import stats
 
 from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint
 from datasets.run_logger import WandbConfig, check_login, wandb_flags
@@ -40,7 +67,7 @@ from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.evaluation import EvalConfig
 from envs.racing.reality import RealityConfig, reality_env_config
-from experiments.cli import DEFAULT_TASK, current_task, run, run_stage, stage_args
+from experiments.cli import DEFAULT_TASK, StageFailed, current_task, run, run_stage, stage_args
 from student.policies import load_policy
 from student.transfer import evaluate_one
 
@@ -88,6 +115,8 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
 
 STAGE_MODULES = {"teacher": "experiments.train_teacher", "student": "experiments.distill_student"}
 CHECKPOINTS = {"teacher": TEACHER_CHECKPOINTS, "student": STUDENT_CHECKPOINTS}
+SEED_FLAGS = {"teacher": ("--trainer.seed", "--env.seed"), "student": ("--dagger.seed",)}
+"""each stage's seed flags: a sweep's seed is given to all of them (the student's env seed is its teacher's)"""
 COMMAND_FILE = "ablation_command.json"
 """in a variant's run directory: the command it runs (without `--resume`)"""
 
@@ -101,6 +130,32 @@ SHORT = {
     "proxy/max_speed_percent": "proxy speed %",
 }  # fmt: skip
 """terminal column headers (the Markdown and JSON keep the full names)"""
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Resources of each job with `--launcher slurm` (submitit's Slurm executor, the runs as one job array)."""
+
+    partition: str = ""
+    """partition (empty: the cluster's default)"""
+    gpus_per_job: int = 1
+    """GPUs of each job (sbatch --gpus-per-node)"""
+    cpus_per_task: int = 8
+    """CPU cores of each job"""
+    mem_gb: float = 0.0
+    """memory of each job in GB (0: the partition's default)"""
+    additional: tuple[str, ...] = ()
+    """more sbatch options as KEY=VALUE, e.g. `account=robotics constraint=h100` (submitit's
+    slurm_additional_parameters)"""
+
+    def __post_init__(self) -> None:
+        check_range("slurm.gpus_per_job", self.gpus_per_job, 0, 64)
+        check_range("slurm.cpus_per_task", self.cpus_per_task, 1, 1024)
+        check_range("slurm.mem_gb", self.mem_gb, 0.0, 16384.0)
+        for item in self.additional:
+            key, equals, _ = item.partition("=")
+            if not key or not equals:
+                raise ConfigError(f"--slurm.additional {item!r}: give sbatch options as KEY=VALUE")
 
 
 @dataclass(frozen=True)
@@ -133,21 +188,69 @@ class AblateConfig:
     """race every variant in the proxy at this top speed (m/s) through the car's maximum-speed setting, as the DeepRacer
     team raced models trained with a higher max throttle (2.8: the fast-throttle variant, 3.6 m/s, at 78%); 0 = each
     variant at its own action space's top speed"""
+    seeds: tuple[int, ...] = ()
+    """run every variant once per seed (given to the stage's seed flags, runs in `<out-dir>/<variant>/seed_<S>`, the
+    table showing mean ± 95% t-interval over the seeds); empty = once at the stage's own seed, in
+    `<out-dir>/<variant>`"""
+    launcher: Literal["inline", "local", "slurm"] = "inline"
+    """how the runs are started: one after another from this process (inline), or as submitit jobs on this machine
+    (local) or on a Slurm cluster (slurm)"""
+    launcher_dir: str = ""
+    """where submitit keeps its job files and logs (empty: `<out-dir>/jobs`)"""
+    max_parallel: int = 0
+    """jobs running at once with --launcher local or slurm (0: one at a time local, up to 256 on Slurm)"""
+    job_minutes: int = 240
+    """time limit of each job (local and slurm launchers); a job past it is stopped and resumes on the next sweep"""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """resources of each job with --launcher slurm"""
 
     def __post_init__(self) -> None:
         check_range("proxy_top_speed", self.proxy_top_speed, 0.0, 20.0)
+        check_range("max_parallel", self.max_parallel, 0, 4096)
+        check_range("job_minutes", self.job_minutes, 1, 60 * 24 * 30)
+        for seed in self.seeds:
+            if seed < 0:
+                raise ConfigError(f"--seeds {' '.join(map(str, self.seeds))}: seed {seed} is negative; seeds are >= 0")
+            if self.seeds.count(seed) > 1:
+                raise ConfigError(f"--seeds {' '.join(map(str, self.seeds))}: seed {seed} is given twice")
         stage_args("teacher_args", self.teacher_args)
         stage_args("student_args", self.student_args)
 
 
-def variant_command(cfg: AblateConfig, name: str) -> list[str]:
-    """The arguments of a variant's stage script: the base run, the variant's flags, where its run goes, the task."""
-    run_dir = Path(cfg.out_dir) / name
+@dataclass(frozen=True)
+class Run:
+    """One run of an ablation: a variant at one seed (None: the stage's own seed, no seed flags)."""
+
+    variant: str
+    seed: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How messages name the run."""
+        return repr(self.variant) if self.seed is None else f"{self.variant!r} seed {self.seed}"
+
+
+def ablation_runs(cfg: AblateConfig) -> list[Run]:
+    """Every (variant, seed) of the ablation, variant by variant."""
+    return [Run(name, seed) for name in cfg.variants for seed in (cfg.seeds or (None,))]
+
+
+def run_directory(cfg: AblateConfig, name: str, seed: int | None = None) -> Path:
+    """`<out-dir>/<variant>`, or `<out-dir>/<variant>/seed_<S>` for a seed of a sweep."""
+    return Path(cfg.out_dir) / name if seed is None else Path(cfg.out_dir) / name / f"seed_{seed}"
+
+
+def variant_command(cfg: AblateConfig, name: str, seed: int | None = None) -> list[str]:
+    """The arguments of a variant's stage script: the base run, the variant's flags, the seed flags when a seed is
+    given, where its run goes, the task."""
+    run_dir = run_directory(cfg, name, seed)
     base = stage_args(f"{cfg.stage}_args", cfg.teacher_args if cfg.stage == "teacher" else cfg.student_args)
     teacher = ["--teacher", cfg.teacher] if cfg.stage == "student" else []
-    wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=(name,))
+    seeded = [] if seed is None else [arg for flag in SEED_FLAGS[cfg.stage] for arg in (flag, str(seed))]
+    tags = (name,) if seed is None else (name, f"seed-{seed}")
+    wandb = replace(cfg.wandb, group=f"ablation-{cfg.stage}", tags=tags)
     task = ["--task", current_task()]
-    return [*base, *VARIANTS[cfg.stage][name], *teacher, "--run-dir", str(run_dir), *wandb_flags(wandb), *task]
+    return [*base, *VARIANTS[cfg.stage][name], *seeded, *teacher, "--run-dir", str(run_dir), *wandb_flags(wandb), *task]
 
 
 def recorded_command(record: Path) -> dict | None:
@@ -226,32 +329,141 @@ def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     return row
 
 
-def run_variant(cfg: AblateConfig, name: str) -> dict[str, float]:
-    """Train one variant in its own process, or read it back: a finished variant (its `eval.json` written by the same
-    command) is not run again, and one that was stopped part-way resumes from its latest checkpoint, so a killed
-    ablation continues where it stopped."""
-    run_dir = Path(cfg.out_dir) / name
-    module, args = STAGE_MODULES[cfg.stage], variant_command(cfg, name)
-    command = {"module": module, "args": args}
+def pending_command(cfg: AblateConfig, r: Run) -> list[str] | None:
+    """The stage arguments a run still needs, or None when it finished (its `eval.json` written by the same command):
+    one stopped part-way gets `--resume` from its latest checkpoint, so a killed ablation continues where it stopped.
+    The command is recorded in the run directory first; a directory holding another one is refused."""
+    run_dir = run_directory(cfg, r.variant, r.seed)
+    command = {"module": STAGE_MODULES[cfg.stage], "args": variant_command(cfg, r.variant, r.seed)}
     record = run_dir / COMMAND_FILE
     ran = recorded_command(record)
     if (ran is not None and ran != command) or (ran is None and (run_dir / "config.yaml").exists()):
         raise ConfigError(
-            f"ablation variant {name!r}: {run_dir} holds a run with another configuration; "
+            f"ablation variant {r.label}: {run_dir} holds a run with another configuration; "
             "use another --out-dir (or remove that directory) to run this one"
         )
-    if ran is None or not (run_dir / "eval.json").exists():
-        write_text_atomic(record, json.dumps(command, indent=2))
-        resume = ["--resume", str(run_dir)] if latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage]) else []
-        run_stage(f"ablation variant {name!r}", module, [*args, *resume])
+    if ran is not None and (run_dir / "eval.json").exists():
+        return None
+    write_text_atomic(record, json.dumps(command, indent=2))
+    resume = ["--resume", str(run_dir)] if latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage]) else []
+    return [*command["args"], *resume]
+
+
+def read_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
+    """A finished run's table row, from its `eval.json` (and the reality proxy with `--proxy`)."""
     track = run_config(run_dir)["env"]["track"] if cfg.stage == "teacher" else ""
     row = _row(cfg.stage, json.loads((run_dir / "eval.json").read_text()), track)
     return row | proxy_row(cfg, run_dir) if cfg.proxy else row
 
 
-def budget(cfg: AblateConfig) -> str:
-    """What every variant was given, from the first variant's resolved config."""
-    resolved = run_config(Path(cfg.out_dir) / cfg.variants[0])
+def make_executor(cfg: AblateConfig, folder: Path) -> submitit.AutoExecutor:
+    """submitit's executor of `--launcher local|slurm`, each job limited to `--job-minutes`. A local job sees the GPUs
+    this process sees (submitit's local executor would hide them)."""
+    executor = submitit.AutoExecutor(folder=folder, cluster=cfg.launcher)
+    executor.update_parameters(name=f"ablation-{cfg.stage}", timeout_min=cfg.job_minutes)
+    if cfg.launcher == "local":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = (
+            "unset CUDA_VISIBLE_DEVICES" if visible is None else f"export CUDA_VISIBLE_DEVICES={shlex.quote(visible)}"
+        )
+        executor.update_parameters(local_setup=[gpus])
+        return executor
+    s = cfg.slurm
+    executor.update_parameters(
+        gpus_per_node=s.gpus_per_job, cpus_per_task=s.cpus_per_task, tasks_per_node=1,
+        slurm_array_parallelism=cfg.max_parallel or 256,
+        slurm_additional_parameters=dict(item.split("=", 1) for item in s.additional),
+        **({"slurm_partition": s.partition} if s.partition else {}), **({"mem_gb": s.mem_gb} if s.mem_gb else {}),
+    )  # fmt: skip
+    return executor
+
+
+def job_call(cfg: AblateConfig, args: list[str]) -> functools.partial:
+    """A job's work: `python -m <stage module> <args>` in its own process, in this working directory, as the inline
+    launcher runs it; the job returns its `subprocess.CompletedProcess` (the exit code) and imports nothing else."""
+    argv = [sys.executable, "-m", STAGE_MODULES[cfg.stage], *args]
+    return functools.partial(subprocess.run, argv, cwd=os.getcwd(), check=False)
+
+
+def job_outcome(r: Run, job: submitit.Job) -> tuple[str, int] | None:
+    """None when the job's stage exited 0, else a line naming the run, its exit code (or why the job did not finish)
+    and its job log, with the code (1 for a job that did not finish)."""
+    try:
+        code = job.result().returncode
+    except Exception as err:  # the job itself ended early (time limit, preemption, a kill): submitit's reason
+        reason = str(err).strip().splitlines() or [type(err).__name__]
+        return f"{r.label} did not finish ({reason[0]}; log {job.paths.stderr})", 1
+    return None if code == 0 else (f"{r.label} exit code {code} (log {job.paths.stderr})", code)
+
+
+def run_jobs(cfg: AblateConfig, pending: list[tuple[Run, list[str]]]) -> dict[Run, tuple[str, int]]:
+    """Each pending run as a submitit job, at most `--max-parallel` running at once (Slurm: one job array holding
+    them), waited for; the failed runs with their lines (see `job_outcome`). Stopping the sweep cancels its jobs."""
+    executor = make_executor(cfg, Path(cfg.launcher_dir or Path(cfg.out_dir) / "jobs"))
+    console = make_console()
+    waiting, running, failed = list(pending), {}, {}
+    if cfg.launcher == "slurm":
+        with executor.batch():
+            jobs = [executor.submit(job_call(cfg, args)) for _, args in pending]
+        running, waiting = {r: job for (r, _), job in zip(pending, jobs, strict=True)}, []
+        console.print(f"submitted {len(jobs)} jobs (array {jobs[0].job_id.split('_')[0]}), logs in {executor.folder}")
+    limit, poll_s = cfg.max_parallel or 1, 0.5 if cfg.launcher == "local" else 15.0
+    try:
+        while waiting or running:
+            while waiting and len(running) < limit:
+                r, args = waiting.pop(0)
+                running[r] = job = executor.submit(job_call(cfg, args))
+                console.print(f"ablation variant {r.label}: job {job.job_id}, log {job.paths.stdout}")
+            time.sleep(poll_s)
+            for r in [r for r, job in running.items() if job.done()]:
+                outcome = job_outcome(r, running.pop(r))
+                console.print(f"ablation variant {r.label}: " + ("finished" if outcome is None else "failed"))
+                if outcome is not None:
+                    failed[r] = outcome
+    except BaseException:
+        for job in running.values():
+            job.cancel(check=False)
+        raise
+    return failed
+
+
+class RunsFailed(StageFailed):
+    """Runs of an ablation whose jobs failed; its exit code is the first one's (see `job_outcome`)."""
+
+    def __init__(self, module: str, failed: list[tuple[str, int]], out_dir: str) -> None:
+        super().__init__("ablation", module, failed[0][1])
+        self.args = (f"ablation: {len(failed)} runs failed (the others' rows in {out_dir}): "
+                     + "; ".join(line for line, _ in failed),)  # fmt: skip
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """The mean of `values` and the half-width of its 95% t-interval, `t.ppf(0.975, n - 1) * sd / sqrt(n)` with the
+    sample standard deviation (None for one value)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return float(x.mean()), None
+    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+
+
+def seed_summary(rows: dict[int, dict[str, float]]) -> dict:
+    """A variant over seeds: the seeds, each metric's mean and 95% interval half-width (None with one seed), and the
+    per-seed rows."""
+    cols = list(next(iter(rows.values())))
+    spread = {c: mean_interval([row[c] for row in rows.values()]) for c in cols}
+    return {
+        "seeds": list(rows), "mean": {c: m for c, (m, _) in spread.items()},
+        "ci95": {c: h for c, (_, h) in spread.items()}, "per_seed": {str(s): row for s, row in rows.items()},
+    }  # fmt: skip
+
+
+def cell(mean: float, half: float | None = None) -> str:
+    """A table cell: `0.950`, or `0.950 ± 0.020` with an interval."""
+    return f"{mean:.3f}" if half is None or math.isnan(mean) else f"{mean:.3f} ± {half:.3f}"
+
+
+def budget(cfg: AblateConfig, run_dir: Path) -> str:
+    """What every variant was given, from one run's resolved config."""
+    resolved = run_config(run_dir)
     if cfg.stage == "student":
         return f"{resolved['dagger']['rounds']} DAgger rounds each, teacher {cfg.teacher}"
     trainer = resolved["trainer"]
@@ -261,20 +473,26 @@ def budget(cfg: AblateConfig) -> str:
     return text
 
 
-def main(cfg: AblateConfig) -> dict:
-    unknown = [v for v in cfg.variants if v not in VARIANTS[cfg.stage]]
-    if unknown:
-        raise ConfigError(f"unknown {cfg.stage} variants {unknown}; known: {sorted(VARIANTS[cfg.stage])}")
-    if cfg.stage == "student" and not cfg.teacher:
-        raise ConfigError("--teacher is required for student ablations")
-    check_login(cfg.wandb)
-    results = {name: run_variant(cfg, name) for name in cfg.variants}
-    cols = list(next(iter(results.values())))
+def write_results(cfg: AblateConfig, rows: dict[Run, dict[str, float]], failed: list[str]) -> dict:
+    """The table of the finished runs (terminal, `ablation.md`) and `ablation.json`: a row per variant, over seeds each
+    metric's mean ± 95% t-interval half-width (the JSON adds the per-seed rows)."""
+    if cfg.seeds:
+        by_variant = {name: {r.seed: row for r, row in rows.items() if r.variant == name} for name in cfg.variants}
+        results = {name: seed_summary(per_seed) for name, per_seed in by_variant.items() if per_seed}
+        cells = {name: [str(len(s["seeds"]))] + [cell(s["mean"][c], s["ci95"][c]) for c in s["mean"]]
+                 for name, s in results.items()}  # fmt: skip
+        cols = ["seeds", *next(iter(results.values()))["mean"]]
+    else:
+        results = {r.variant: row for r, row in rows.items()}
+        cells = {name: [cell(v) for v in row.values()] for name, row in results.items()}
+        cols = list(next(iter(results.values())))
     table = Table(title=f"{cfg.stage} ablation")
     table.add_column("variant")
     for c in cols:
         table.add_column(SHORT.get(c, c), justify="right")
-    lines = [f"{cfg.stage} ablation, {budget(cfg)}", ""]
+    first = next(iter(rows))
+    over = f"; mean ± 95% t-interval over seeds {' '.join(map(str, cfg.seeds))}" if cfg.seeds else ""
+    lines = [f"{cfg.stage} ablation, {budget(cfg, run_directory(cfg, first.variant, first.seed))}{over}", ""]
     if cfg.proxy:
         r = cfg.proxy_reality
         lines[-1:] = [
@@ -283,14 +501,38 @@ def main(cfg: AblateConfig) -> dict:
             "",
         ]
     lines += ["| variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, row in results.items():
-        cells = [f"{row[c]:.3f}" for c in cols]
-        table.add_row(name, *cells)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, row in cells.items():
+        table.add_row(name, *row)
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += [f"\nfailed: {line}" for line in failed]
     make_console().print(table)
     out = Path(cfg.out_dir)
     write_text_atomic(out / "ablation.json", json.dumps(results, indent=2))
     write_text_atomic(out / "ablation.md", "\n".join(lines) + "\n")
+    return results
+
+
+def main(cfg: AblateConfig) -> dict:
+    unknown = [v for v in cfg.variants if v not in VARIANTS[cfg.stage]]
+    if unknown:
+        raise ConfigError(f"unknown {cfg.stage} variants {unknown}; known: {sorted(VARIANTS[cfg.stage])}")
+    if cfg.stage == "student" and not cfg.teacher:
+        raise ConfigError("--teacher is required for student ablations")
+    if cfg.launcher == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("--launcher slurm: no `sbatch` on PATH (not a Slurm submission host); use --launcher local")
+    check_login(cfg.wandb)
+    module, runs = STAGE_MODULES[cfg.stage], ablation_runs(cfg)
+    pending = [(r, args) for r in runs if (args := pending_command(cfg, r)) is not None]
+    failed: dict[Run, tuple[str, int]] = {}
+    if cfg.launcher == "inline":
+        for r, args in pending:
+            run_stage(f"ablation variant {r.label}", module, args)
+    elif pending:
+        failed = run_jobs(cfg, pending)
+    rows = {r: read_row(cfg, run_directory(cfg, r.variant, r.seed)) for r in runs if r not in failed}
+    results = write_results(cfg, rows, [line for line, _ in failed.values()]) if rows else {}
+    if failed:
+        raise RunsFailed(module, list(failed.values()), cfg.out_dir)
     return results
 
 
