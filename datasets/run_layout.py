@@ -2,6 +2,7 @@
 
 <run>/config.yaml                  the resolved config
 <run>/checkpoints/iter_*.pt        a teacher run's checkpoints (every one kept)
+<run>/teacher.pt                   a finished teacher run's selected checkpoint (the teacher its students distill)
 <run>/checkpoints/round_*.pt       a student run's checkpoints, one per DAgger round
 <run>/checkpoints/*_estimator.pt   a student with a refitted factor estimator (beside its checkpoint)
 <run>/data/manifest.json           the recorded episodes' shards
@@ -16,6 +17,7 @@ from datasets.rollouts import MANIFEST
 from envs.errors import ConfigError
 
 TEACHER_CHECKPOINTS = "iter_*.pt"
+TEACHER_FILE = "teacher.pt"
 STUDENT_CHECKPOINTS = "round_*.pt"
 
 ESTIMATOR_SUFFIX = "_estimator"
@@ -31,6 +33,13 @@ def latest_checkpoint(run_dir: str | Path, pattern: str) -> Path | None:
     """The newest `checkpoints/<pattern>` of a run directory (None when it has none)."""
     found = sorted((Path(run_dir) / "checkpoints").glob(pattern))
     return found[-1] if found else None
+
+
+def run_teacher(run_dir: str | Path) -> Path | None:
+    """A teacher run's teacher: its selected checkpoint (`teacher.pt`, written when the run finishes), else its newest
+    checkpoint (a run still in progress); None when it has neither."""
+    selected = Path(run_dir) / TEACHER_FILE
+    return selected if selected.is_file() else latest_checkpoint(run_dir, TEACHER_CHECKPOINTS)
 
 
 def recorded_data(checkpoint: str, data_dir: str = "") -> Path:

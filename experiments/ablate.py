@@ -1,6 +1,6 @@
 """Ablations: run named variants of a teacher or student training with the same budget, one table at the end.
 
-    python -m experiments.ablate student --teacher runs/teacher/checkpoints/iter_000400.pt \\
+    python -m experiments.ablate student --teacher runs/teacher/teacher.pt \\
         --variants base beta-zero no-history no-augment
     python -m experiments.ablate teacher --variants base no-reverse no-random-start no-noise dropout-0.3
     python -m experiments.ablate student --teacher … --student-args "default --dagger.rounds 10"   # another budget
@@ -60,7 +60,7 @@ import yaml
 from rich.table import Table
 from scipy import stats
 
-from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint
+from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint, run_teacher
 from datasets.run_logger import WandbConfig, check_login, wandb_flags
 from envs.config_io import to_yaml, write_text_atomic
 from envs.console import make_console
@@ -300,7 +300,8 @@ PROXY_KEYS = (
 def proxy_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     """The proxy columns of a finished variant: its final checkpoint evaluated in `cfg.proxy_reality`, read back from
     `proxy.json` when that was written for the same checkpoint and settings."""
-    checkpoint = latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage])
+    teacher = cfg.stage == "teacher"
+    checkpoint = run_teacher(run_dir) if teacher else latest_checkpoint(run_dir, CHECKPOINTS[cfg.stage])
     if checkpoint is None:
         raise ConfigError(f"{run_dir}: no checkpoints/{CHECKPOINTS[cfg.stage]} to evaluate in the reality proxy")
     policy = load_policy(str(checkpoint))

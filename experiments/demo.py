@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint
+from datasets.run_layout import STUDENT_CHECKPOINTS, latest_checkpoint, run_teacher
 from datasets.run_logger import WandbConfig, check_login, wandb_flags
 from envs.config_io import write_text_atomic
 from envs.console import make_console, rule
@@ -82,9 +82,8 @@ def main(cfg: DemoConfig) -> dict:
     out = Path(cfg.out_dir)
     wandb = wandb_flags(cfg.wandb)
 
-    def saved_checkpoint(run_dir: Path, pattern: str, flag: str, spec: str) -> Path:
-        """The stage's newest checkpoint; a stage that saved none is refused, naming its flag."""
-        found = latest_checkpoint(run_dir, pattern)
+    def saved_checkpoint(run_dir: Path, found: Path | None, flag: str, spec: str) -> Path:
+        """The stage's checkpoint (`found` in `run_dir`); a stage that saved none is refused, naming its flag."""
         if found is None:
             raise ConfigError(f"{flag} {spec!r} saved no checkpoint in {run_dir / 'checkpoints'}")
         return found
@@ -101,11 +100,12 @@ def main(cfg: DemoConfig) -> dict:
         teacher_args = stage_args("teacher", cfg.teacher)
         stage(2, "teacher: PPO on ground-truth state", "experiments.train_teacher",
               [*teacher_args, "--run-dir", str(out / "teacher"), *wandb])  # fmt: skip
-        teacher_ckpt = saved_checkpoint(out / "teacher", TEACHER_CHECKPOINTS, "--teacher", cfg.teacher)
+        teacher_ckpt = saved_checkpoint(out / "teacher", run_teacher(out / "teacher"), "--teacher", cfg.teacher)
         student_args = [*stage_args("student", cfg.student), "--teacher", str(teacher_ckpt)]
         stage(3, "student: DAgger from the camera", "experiments.distill_student",
               [*student_args, "--run-dir", str(out / "student"), *wandb])  # fmt: skip
-        student_ckpt = saved_checkpoint(out / "student", STUDENT_CHECKPOINTS, "--student", cfg.student)
+        student_found = latest_checkpoint(out / "student", STUDENT_CHECKPOINTS)
+        student_ckpt = saved_checkpoint(out / "student", student_found, "--student", cfg.student)
         export_args = [*stage_args("export", cfg.export), "--checkpoint", str(student_ckpt)]
         stage(4, "export", "experiments.export_student", [*export_args, "--out-dir", str(out / "export")])
         loop_args = ["sim", "--export", str(out / "export"), "--loop.max-steps", str(cfg.drive_steps)]

@@ -1,6 +1,6 @@
 """Distill a saved teacher into the camera student with DAgger.
 
-    python -m experiments.distill_student default --teacher runs/teacher/checkpoints/iter_000400.pt
+    python -m experiments.distill_student default --teacher runs/teacher/teacher.pt
     python -m experiments.distill_student default --teacher ... --dagger.beta zero        # ablation: β = 0
     python -m experiments.distill_student default --teacher ... --student.history.kind none
     python -m experiments.distill_student default --teacher ... --augment.enabled False

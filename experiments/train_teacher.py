@@ -6,7 +6,8 @@
     python -m experiments.train_teacher fast-throttle                # higher max speed in training
     torchrun --nproc-per-node 2 -m experiments.train_teacher default --distributed   # data-parallel over 2 ranks
 
-A run directory holds `config.yaml`, `checkpoints/iter_*.pt` (every checkpoint kept), `eval.json`, plots, and the
+A run directory holds `config.yaml`, `checkpoints/iter_*.pt` (every checkpoint kept), `teacher.pt` (the checkpoint
+whose periodic evaluation scored best, the latest of equals: the teacher to distill), `eval.json`, plots, and the
 W&B files (`--wandb.mode online|offline|disabled`, default offline). With `--distributed` under torchrun every rank
 steps `env.num_envs / world size` envs of its own and rank 0 logs, evaluates and writes the run directory.
 """
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from datasets.checkpoints import load_checkpoint, save_atomic
+from datasets.run_layout import TEACHER_FILE
 from datasets.run_logger import RunLogger, WandbConfig, check_login
 from envs.camera_model import CameraConfig
 from envs.config_io import to_yaml, write_text_atomic
@@ -35,6 +38,7 @@ from envs.racing.visualize import plot_trajectories
 from envs.task import task_of_config
 from experiments.cli import run
 from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.policy import TEACHER_KIND
 from teacher.trainer import TeacherTrainer, TrainerConfig, latest_checkpoint
 
 
@@ -112,15 +116,24 @@ def main(cfg: TrainTeacherConfig) -> dict:
     trainer.log, trainer.wandb_run_id = logger.log, logger.run_id
     final = trainer.train()
     shutdown(rank)
+    # The run's teacher: the best-evaluated checkpoint (PPO's last update is not always its best).
+    selected, selected_eval = trainer.selected_checkpoint()
+    payload = load_checkpoint(selected, kind=TEACHER_KIND, required=("actor",))
+    teacher_file = save_atomic(payload, run_dir / TEACHER_FILE)
+    trainer.alg.get_policy().load_state_dict(payload["actor"])
     summary = {"train_eval": final, "iterations": trainer.iteration, "env_steps": trainer.env_steps}
     summary["world_size"] = rank.world_size
+    summary["checkpoint"] = str(teacher_file)
+    summary["selected"] = {"checkpoint": str(selected), "iteration": int(selected_eval["iteration"]), **selected_eval}
     summary["wall_minutes"] = (time.time() - t0) / 60.0
     summary["optimal_lap_time"] = trainer.eval_env.optimal_lap_time
 
     # Final report: the training track (with trajectories) and the held-out tracks.
     policy = trainer.policy_fn()
     trainer.alg.eval_mode()
-    table = Table(title=f"teacher after {trainer.iteration} iterations ({summary['wall_minutes']:.1f} min)")
+    chosen, minutes = int(selected_eval["iteration"]), summary["wall_minutes"]
+    title = f"teacher: iteration {chosen} of {trainer.iteration} ({minutes:.1f} min)"
+    table = Table(title=title)
     for col in ("track", "laps done (fwd / rev)", "lap time (s)", "lap / optimal", "off-track"):
         table.add_column(col)
     for track in (cfg.env.track, *cfg.generalization_tracks):
@@ -138,11 +151,12 @@ def main(cfg: TrainTeacherConfig) -> dict:
         logger.image(f"plots/trajectories_{env.track.name}", plot, trainer.env_steps)
     console.print(table)
     write_text_atomic(run_dir / "eval.json", json.dumps(summary, indent=2))
-    last = latest_checkpoint(run_dir)
-    if last is not None:
-        logger.artifact(last, f"teacher-{run_dir.name}", "model")
+    logger.artifact(teacher_file, f"teacher-{run_dir.name}", "model")
     logger.finish()
-    console.print(f"run directory: [bold]{run_dir.resolve()}[/] (checkpoints/, eval.json, trajectories_*.png)")
+    console.print(
+        f"teacher: [bold]{teacher_file.resolve()}[/] (iteration {chosen}); run directory: "
+        f"{run_dir.resolve()} (checkpoints/, eval.json, trajectories_*.png)"
+    )
     return summary
 
 

@@ -155,7 +155,7 @@ class TeacherTrainer:
                     self.history.append({"iteration": self.iteration, "env_steps": self.env_steps, **last_eval})
                 self.log(metrics, self.env_steps)
                 if self.iteration % cfg.save_every == 0 or last:
-                    self.save(self.run_dir / "checkpoints" / f"iter_{self.iteration:06d}.pt")
+                    self.save(self.checkpoint_path(self.iteration))
                 status = f"reward {metrics['train/step_reward']:.3f}"
                 if last_eval:
                     primary = self.task.primary_metric
@@ -258,6 +258,26 @@ class TeacherTrainer:
         if self.rank.distributed and collective:
             payload["ranks"] = gather({"env_state": payload["env_state"], "rng": payload["rng"]}, self.rank)
         return payload
+
+    def selected_checkpoint(self) -> tuple[Path, dict[str, float]]:
+        """The checkpoint whose periodic evaluation scored best (the task's primary metric, then its selection
+        metric; ties go to the later one) and that evaluation. PPO's last update is not always its best: a final
+        policy picked on the evaluation guards against a late dip."""
+        saved = [h for h in self.history if self.checkpoint_path(int(h["iteration"])).is_file()]
+        if not saved:
+            raise CheckpointError(f"{self.run_dir / 'checkpoints'}: no evaluated checkpoint to select")
+        primary, selection = self.task.primary_metric, self.task.selection_metric
+
+        def score(h: dict[str, float]) -> tuple[float, float, int]:
+            finite = [float(h.get(k, float("nan"))) for k in (primary, selection)]
+            first, second = (v if math.isfinite(v) else float("-inf") for v in finite)
+            return first, second, int(h["iteration"])
+
+        best = max(saved, key=score)
+        return self.checkpoint_path(int(best["iteration"])), best
+
+    def checkpoint_path(self, iteration: int) -> Path:
+        return self.run_dir / "checkpoints" / f"iter_{iteration:06d}.pt"
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint (rank 0; the other ranks only contribute their state). Every rank calls it."""

@@ -139,6 +139,9 @@ def test_train_teacher_smoke_subprocess(tmp_path):
     assert len(list((tmp_path / "run" / "checkpoints").glob("iter_*.pt"))) == 3
     summary = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert summary["iterations"] == 3
+    # The run's teacher: the selected checkpoint, copied beside the checkpoints.
+    selected = torch.load(tmp_path / "run" / "teacher.pt", weights_only=False)
+    assert summary["checkpoint"].endswith("teacher.pt") and selected["iteration"] == summary["selected"]["iteration"]
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint",
          str(tmp_path / "run" / "checkpoints" / "iter_000003.pt"), "--out-dir", str(tmp_path / "ev")],
@@ -229,3 +232,19 @@ def test_ablation_races_every_variant_in_the_proxy_at_one_top_speed(tmp_path, mo
     assert seen[-1] == 100.0 and "proxy/max_speed_percent" not in own
     with pytest.raises(ConfigError, match="proxy_top_speed"):
         AblateConfig(proxy_top_speed=-1.0)
+
+
+def test_the_selected_checkpoint_is_the_best_evaluated_latest_of_equals(tmp_path):
+    """The run's teacher is the checkpoint whose periodic evaluation scored best on lap completion, then progress; of
+    equals the later one; an evaluation without a checkpoint on disk is never chosen."""
+    cfg = TrainerConfig(iterations=4, eval_every=1, save_every=1, seed=5)
+    t = TeacherTrainer(ENV, POLICY, PPO, cfg, EVAL, tmp_path)
+    t.train(show_progress=False)
+    scores = {1: (1.0, 0.9), 2: (1.0, 0.95), 3: (1.0, 0.95), 4: (0.7, 1.0)}
+    t.history = [{"iteration": i, "lap_completion": a, "progress": b} for i, (a, b) in scores.items()]
+    path, best = t.selected_checkpoint()
+    assert path.name == "iter_000003.pt" and best["iteration"] == 3
+    path.unlink()
+    assert t.selected_checkpoint()[0].name == "iter_000002.pt"
+    t.history[1]["lap_completion"] = float("nan")  # an evaluation that could not be scored ranks last
+    assert t.selected_checkpoint()[0].name == "iter_000001.pt"
