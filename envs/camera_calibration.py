@@ -236,14 +236,19 @@ def fit_lens(
     return LensFit(lens, size, np.asarray(K, np.float64), np.asarray(D, np.float64).ravel(), rms, per_image)
 
 
+def coverage_deg(fit: LensFit, found: dict[str, np.ndarray]) -> float:
+    """The largest angle off the optical axis (degrees) at which a detected corner lies: beyond it a fitted
+    distortion is an extrapolation."""
+    centre = np.asarray(fit.principal_point)
+    reach = max(float(np.linalg.norm(c - centre, axis=1).max()) for c in found.values())
+    fx = float(fit.K[0, 0])
+    return math.degrees(reach / fx if fit.lens == "fisheye" else math.atan(reach / fx))
+
+
 def distortion_gap_px(pure: LensFit, free: LensFit, found: dict[str, np.ndarray]) -> float:
     """Largest difference (px) between the two fits' image radius over the angles the detected corners cover: how far
     the lens is from the distortion-free model where the images constrain it."""
-    centre = np.asarray(pure.principal_point)
-    reach = max(float(np.linalg.norm(c - centre, axis=1).max()) for c in found.values())
-    fx = float(pure.K[0, 0])
-    top = reach / fx if pure.lens == "fisheye" else math.atan(reach / fx)
-    theta = np.linspace(0.0, top, 2001)
+    theta = np.linspace(0.0, math.radians(coverage_deg(pure, found)), 2001)
     return float(np.abs(free.radius(theta) - pure.radius(theta)).max())
 
 

@@ -35,6 +35,7 @@ from envs.camera_calibration import (
     Checkerboard,
     LensFit,
     MountFit,
+    coverage_deg,
     detect_corners,
     distortion_gap_px,
     fit_lens,
@@ -189,7 +190,8 @@ def main(cfg: CameraCalibrationConfig) -> dict:
     truth_path = Path(cfg.truth) if cfg.truth else Path(cfg.images).parent / "truth.json"
     truth = json.loads(truth_path.read_text()) if truth_path.is_file() else None
     extra = {"rms_px": lens.rms_px, "hfov_deg_free_distortion": free.edge_hfov_deg(),
-             "distortion_gap_px": distortion_gap_px(lens, free, found)}  # fmt: skip
+             "distortion_gap_px": distortion_gap_px(lens, free, found),
+             "corner_coverage_deg": coverage_deg(lens, found)}  # fmt: skip
     if mount is not None:
         extra["roll_deg"] = mount.roll_deg
     converged = lens.rms_px <= cfg.max_rms_px
@@ -198,7 +200,7 @@ def main(cfg: CameraCalibrationConfig) -> dict:
         "images": {"folder": cfg.images, "used": sorted(found), "skipped": missing},
         "floor_images": {"folder": cfg.floor_images, "used": sorted(floor_found), "skipped": floor_missing},
         "lens_fit": lens_summary(lens), "lens_fit_free_distortion": lens_summary(free),
-        "distortion_gap_px": extra["distortion_gap_px"],
+        "distortion_gap_px": extra["distortion_gap_px"], "corner_coverage_deg": extra["corner_coverage_deg"],
         "mount_fit": None if mount is None else {
             "height": mount.height, "pitch_deg": mount.pitch_deg, "roll_deg": mount.roll_deg,
             "spread": mount.spread, "per_frame": mount.per_frame,

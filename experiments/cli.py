@@ -1,5 +1,5 @@
-"""Shared command-line plumbing: tyro presets per task, `--task`, one-line errors for bad input, non-zero exit codes,
-and stages that a script runs as other scripts in their own processes (no script imports another)."""
+"""Shared command-line plumbing: tyro presets per task, `--task`, `--env-file`, one-line errors for bad input, non-zero
+exit codes, and stages that a script runs as other scripts in their own processes (no script imports another)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import is_dataclass
+from dataclasses import is_dataclass, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import tyro
+import yaml
 from rich.console import Console
 
+from envs.config_io import from_dict, to_dict
 from envs.errors import ConfigError, GapbridgeError
 from envs.task import UnknownTaskError, check_task, get_task, task_names, task_of_config
 
@@ -53,6 +56,86 @@ def split_task(args: Sequence[str]) -> tuple[str, list[str]]:
     return task, rest
 
 
+def split_env_file(args: Sequence[str]) -> tuple[str, list[str]]:
+    """`--env-file FILE` (or `--env-file=FILE`) taken out of `args`: `(file, the other args)`, the file empty without
+    one; a missing file name or two different ones are refused."""
+    files, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] == "--env-file":
+            if i + 1 == len(args) or args[i + 1].startswith("-"):
+                raise ConfigError("--env-file needs a YAML file (e.g. calibrated.yaml from experiments.calibrate)")
+            files.append(args[i + 1])
+            i += 2
+            continue
+        if args[i].startswith("--env-file="):
+            files.append(args[i].partition("=")[2])
+        else:
+            rest.append(args[i])
+        i += 1
+    if len(set(files)) > 1:
+        raise ConfigError(f"--env-file given as {' and '.join(map(repr, dict.fromkeys(files)))}; give one")
+    return (files[0] if files else ""), rest
+
+
+def read_env_file(path: str) -> dict:
+    """The sections of an env YAML file (the key layout of the env config's own YAML); a missing file, bad YAML or
+    anything but a mapping is refused naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--env-file {path}: no such file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--env-file {path}: not valid YAML ({' '.join(str(err).split())})") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"--env-file {path}: expected a mapping of env sections (e.g. optics:), got {data!r}")
+    return data
+
+
+def _merge(base: dict, over: dict, prefix: str, path: str) -> dict:
+    merged = dict(base)
+    for key, value in over.items():
+        name = f"{prefix}{key}"
+        if key not in base:
+            raise ConfigError(f"--env-file {path}: unknown key {name!r} (the env config has no such field)")
+        old = base[key]
+        if isinstance(old, dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"--env-file {path}: {name!r} is a section; give it as a mapping, got {value!r}")
+            merged[key] = _merge(old, value, f"{name}.", path)
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        wrong_bool = isinstance(old, bool) and not isinstance(value, bool)
+        wrong_number = isinstance(old, (int, float)) and not isinstance(old, bool) and not number
+        if wrong_bool or wrong_number:
+            raise ConfigError(f"--env-file {path}: {name}={value!r}; expected {type(old).__name__} like {old!r}")
+        merged[key] = value
+    return merged
+
+
+def env_with_file(env: Any, data: dict, path: str) -> Any:
+    """`env` (an env config) with the file's sections over it: nested sections merge field by field; an unknown key
+    or a bad value is refused naming the key and the file."""
+    merged = _merge(to_dict(env), data, "", path)
+    try:
+        return from_dict(type(env), merged, "env")
+    except (ConfigError, TypeError, ValueError) as err:
+        raise ConfigError(f"--env-file {path}: {err}") from None
+
+
+def presets_with_env_file(presets: Mapping[str, tuple[str, Any]], path: str) -> dict[str, tuple[str, Any]]:
+    """Every preset whose config has an `env` with the env file over it (the command-line flags still win); a script
+    without an env config is refused."""
+    data = read_env_file(path)
+    out = dict(presets)
+    for name, (text, config) in presets.items():
+        if is_dataclass(getattr(config, "env", None)):
+            out[name] = (text, replace(config, env=env_with_file(config.env, data, path)))
+    if all(out[name] is presets[name] for name in presets):
+        raise ConfigError(f"--env-file {path}: this script has no env config")
+    return out
+
+
 def presets_by_task(presets: Mapping[str, Any]) -> dict[str, Mapping[str, tuple[str, Any]]]:
     """A script's presets keyed by task (task name -> preset name -> `(description, config)`); a flat mapping of
     presets is the default task's."""
@@ -68,6 +151,12 @@ def task_help(tasks: Sequence[str]) -> str:
     )
 
 
+ENV_FILE_HELP = (
+    "--env-file FILE  YAML of env sections over the preset's env (e.g. calibrated.yaml from experiments.calibrate: "
+    "optics:); the --env.* flags still win"
+)
+
+
 def check_env_task(cfg: object, task: str) -> None:
     """Refuse a config whose `env` is another task's env config, naming both tasks."""
     env = getattr(cfg, "env", None)
@@ -81,18 +170,24 @@ def check_env_task(cfg: object, task: str) -> None:
 
 
 def parse_task(presets: Mapping[str, Any], description: str, args: list[str] | None = None) -> tuple[str, Any]:
-    """Parse `[--task NAME] PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli` style) into
-    `(task, config)`: `presets` maps each task the script runs to its presets (see `presets_by_task`); without a preset
-    name the task's `default` preset is used. `--task` may stand anywhere; a task the script has no presets for is
-    refused naming the script's tasks."""
+    """Parse `[--task NAME] [--env-file FILE] PRESET [--overrides ...]` (nerfstudio / tyro `overridable_config_cli`
+    style) into `(task, config)`: `presets` maps each task the script runs to its presets (see `presets_by_task`);
+    without a preset name the task's `default` preset is used. `--task` may stand anywhere; a task the script has no
+    presets for is refused naming the script's tasks. `--env-file` may stand anywhere too: its sections go over the
+    presets' `env` before the flags are read, so a flag still wins."""
     task, args = split_task(sys.argv[1:] if args is None else args)
+    env_file, args = split_env_file(args)
     by_task = presets_by_task(presets)
     if task not in by_task:
         raise ConfigError(f"--task {task}: this script has no presets for it; its tasks: {', '.join(by_task)}")
     chosen = dict(by_task[task])
+    if env_file:
+        chosen = presets_with_env_file(chosen, env_file)
     if "default" in chosen and (not args or (args[0].startswith("--") and args[0] != "--help")):
         args = ["default", *args]
     line = task_help(list(by_task))
+    if any(is_dataclass(getattr(config, "env", None)) for _, config in chosen.values()):
+        line += f"\n\n{ENV_FILE_HELP}"
     if args and args[0] in chosen and {"-h", "--help"} & set(args):  # a preset's help shows its own description
         text, config = chosen[args[0]]
         chosen[args[0]] = (f"{text}\n\n{line}", config)

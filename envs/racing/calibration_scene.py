@@ -105,7 +105,8 @@ def board_view_poses(cfg: CameraConfig, board: Checkerboard, n: int, seed: int =
     for k in range(n):
         reach = (k % 3) / 2  # board centre near the middle, half-way out, near the edge of the frame, in turn
         phi0 = 2 * math.pi * k / n
-        for _ in range(2000):
+        for attempt in range(3000):
+            reach_now = reach * (1 - attempt / 3000)  # where the aim cannot be met, the board moves inwards
             alpha, beta = rng.uniform(0, math.radians(50)), rng.uniform(0, 2 * math.pi)
             dist = diag * rng.uniform(0.45, 1.0)
             centre = dist * np.array(
@@ -116,7 +117,7 @@ def board_view_poses(cfg: CameraConfig, board: Checkerboard, n: int, seed: int =
             x0 = np.cross(ref, look)
             x0 /= np.linalg.norm(x0)
             r0 = np.stack([x0, np.cross(look, x0), look], 1)
-            theta = half_fov * rng.uniform(max(0.0, 0.6 * reach - 0.1), 0.6 * reach + 0.15)
+            theta = half_fov * rng.uniform(max(0.0, 0.6 * reach_now - 0.1), 0.6 * reach_now + 0.15)
             phi = phi0 + rng.uniform(-0.4, 0.4)
             u = np.array([math.sin(theta) * math.cos(phi), math.sin(theta) * math.sin(phi), math.cos(theta)])
             roll = rng.uniform(-math.pi, math.pi)
@@ -147,9 +148,10 @@ def floor_view_poses(cfg: CameraConfig, board: Checkerboard, n: int, seed: int =
     rng = np.random.default_rng(seed + 1)
     out: list[tuple[float, float, float]] = []
     for _ in range(n):
-        for _ in range(2000):
+        for attempt in range(2000):
             yaw = math.pi / 2 + rng.uniform(-0.2, 0.2)  # facing +y: the board's long side (x) across
-            ahead = cfg.forward + rng.uniform(0.03, 0.08) + board.size[1] / 2  # board centre ahead of the car
+            gap = rng.uniform(0.03, 0.08) + attempt * 5e-4  # a narrower lens needs the board further out
+            ahead = cfg.forward + gap + board.size[1] / 2  # board centre ahead of the car
             side = rng.uniform(-0.03, 0.03)
             x = -(math.cos(yaw) * ahead - math.sin(yaw) * side)
             y = -(math.sin(yaw) * ahead + math.cos(yaw) * side)
