@@ -11,7 +11,9 @@ compiles kernels (tens of seconds, cached under ~/.cache); later builds take sec
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -197,6 +199,15 @@ class BimanualScene:
             pass
 
 
+def object_mjcf(size: tuple[float, float, float], mass: float) -> str:
+    """MJCF text of a free box of `size` (m) and `mass` (kg), its frame at its centre."""
+    hx, hy, hz = (v / 2 for v in size)
+    return (
+        '<mujoco model="object"><worldbody><body name="object"><freejoint/>'
+        f'<geom type="box" size="{hx} {hy} {hz}" mass="{mass}"/></body></worldbody></mujoco>\n'
+    )
+
+
 def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> BimanualScene:
     """Build the Genesis scene for `cfg.num_envs` envs, with the nominal friction, mass and gains everywhere."""
     gs = init_genesis(torch.device(device), cfg.genesis)
@@ -231,11 +242,15 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
         for sign, quat in ((-1.0, (1.0, 0.0, 0.0, 0.0)), (1.0, (0.0, 0.0, 0.0, 1.0)))
     )
     size = cfg.object_extent
-    obj = scene.add_entity(
-        gs.morphs.Box(size=size, pos=(0.0, 0.0, size[2] / 2)),
-        material=gs.materials.Rigid(friction=1.0, rho=cfg.object_mass / (size[0] * size[1] * size[2])),
-        surface=gs.surfaces.Default(color=(0.9, 0.9, 0.9)),
-    )
+    # From a file, not a primitive morph, and unaligned: only then can its centre of mass be moved per env.
+    with tempfile.TemporaryDirectory(prefix="gapbridge-bimanual-") as tmp:
+        path = Path(tmp) / "object.xml"
+        path.write_text(object_mjcf(size, cfg.object_mass))
+        obj = scene.add_entity(
+            gs.morphs.MJCF(file=str(path), pos=(0.0, 0.0, size[2] / 2), align=False),
+            material=gs.materials.Rigid(friction=1.0),
+            surface=gs.surfaces.Default(color=(0.9, 0.9, 0.9)),
+        )
     camera = None
     if cfg.camera:
         res = (cfg.camera_res, cfg.camera_res)
