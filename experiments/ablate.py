@@ -40,26 +40,16 @@ Results: `ablation.json` and `ablation.md` in the output directory.
 
 from __future__ import annotations
 
-import functools
 import json
-import math
-import os
-import shlex
-import shutil
-import subprocess
 import sys
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-import submitit
 import yaml
 from rich.table import Table
-from scipy import stats
 
+from datasets.jobs import SlurmConfig, cell, check_sbatch, check_seeds, make_executor, run_jobs, seed_summary
 from datasets.run_layout import STUDENT_CHECKPOINTS, TEACHER_CHECKPOINTS, latest_checkpoint, run_teacher
 from datasets.run_logger import WandbConfig, check_login, wandb_flags
 from envs.config_io import to_yaml, write_text_atomic
@@ -133,32 +123,6 @@ SHORT = {
 
 
 @dataclass(frozen=True)
-class SlurmConfig:
-    """Resources of each job with `--launcher slurm` (submitit's Slurm executor, the runs as one job array)."""
-
-    partition: str = ""
-    """partition (empty: the cluster's default)"""
-    gpus_per_job: int = 1
-    """GPUs of each job (sbatch --gpus-per-node)"""
-    cpus_per_task: int = 8
-    """CPU cores of each job"""
-    mem_gb: float = 0.0
-    """memory of each job in GB (0: the partition's default)"""
-    additional: tuple[str, ...] = ()
-    """more sbatch options as KEY=VALUE, e.g. `account=robotics constraint=h100` (submitit's
-    slurm_additional_parameters)"""
-
-    def __post_init__(self) -> None:
-        check_range("slurm.gpus_per_job", self.gpus_per_job, 0, 64)
-        check_range("slurm.cpus_per_task", self.cpus_per_task, 1, 1024)
-        check_range("slurm.mem_gb", self.mem_gb, 0.0, 16384.0)
-        for item in self.additional:
-            key, equals, _ = item.partition("=")
-            if not key or not equals:
-                raise ConfigError(f"--slurm.additional {item!r}: give sbatch options as KEY=VALUE")
-
-
-@dataclass(frozen=True)
 class AblateConfig:
     """Which stage, which variants, what budget."""
 
@@ -208,11 +172,7 @@ class AblateConfig:
         check_range("proxy_top_speed", self.proxy_top_speed, 0.0, 20.0)
         check_range("max_parallel", self.max_parallel, 0, 4096)
         check_range("job_minutes", self.job_minutes, 1, 60 * 24 * 30)
-        for seed in self.seeds:
-            if seed < 0:
-                raise ConfigError(f"--seeds {' '.join(map(str, self.seeds))}: seed {seed} is negative; seeds are >= 0")
-            if self.seeds.count(seed) > 1:
-                raise ConfigError(f"--seeds {' '.join(map(str, self.seeds))}: seed {seed} is given twice")
+        check_seeds(self.seeds)
         stage_args("teacher_args", self.teacher_args)
         stage_args("student_args", self.student_args)
 
@@ -357,75 +317,16 @@ def read_row(cfg: AblateConfig, run_dir: Path) -> dict[str, float]:
     return row | proxy_row(cfg, run_dir) if cfg.proxy else row
 
 
-def make_executor(cfg: AblateConfig, folder: Path) -> submitit.AutoExecutor:
-    """submitit's executor of `--launcher local|slurm`, each job limited to `--job-minutes`. A local job sees the GPUs
-    this process sees (submitit's local executor would hide them)."""
-    executor = submitit.AutoExecutor(folder=folder, cluster=cfg.launcher)
-    executor.update_parameters(name=f"ablation-{cfg.stage}", timeout_min=cfg.job_minutes)
-    if cfg.launcher == "local":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = (
-            "unset CUDA_VISIBLE_DEVICES" if visible is None else f"export CUDA_VISIBLE_DEVICES={shlex.quote(visible)}"
-        )
-        executor.update_parameters(local_setup=[gpus])
-        return executor
-    s = cfg.slurm
-    executor.update_parameters(
-        gpus_per_node=s.gpus_per_job, cpus_per_task=s.cpus_per_task, tasks_per_node=1,
-        slurm_array_parallelism=cfg.max_parallel or 256,
-        slurm_additional_parameters=dict(item.split("=", 1) for item in s.additional),
-        **({"slurm_partition": s.partition} if s.partition else {}), **({"mem_gb": s.mem_gb} if s.mem_gb else {}),
-    )  # fmt: skip
-    return executor
-
-
-def job_call(cfg: AblateConfig, args: list[str]) -> functools.partial:
-    """A job's work: `python -m <stage module> <args>` in its own process, in this working directory, as the inline
-    launcher runs it; the job returns its `subprocess.CompletedProcess` (the exit code) and imports nothing else."""
-    argv = [sys.executable, "-m", STAGE_MODULES[cfg.stage], *args]
-    return functools.partial(subprocess.run, argv, cwd=os.getcwd(), check=False)
-
-
-def job_outcome(r: Run, job: submitit.Job) -> tuple[str, int] | None:
-    """None when the job's stage exited 0, else a line naming the run, its exit code (or why the job did not finish)
-    and its job log, with the code (1 for a job that did not finish)."""
-    try:
-        code = job.result().returncode
-    except Exception as err:  # the job itself ended early (time limit, preemption, a kill): submitit's reason
-        reason = str(err).strip().splitlines() or [type(err).__name__]
-        return f"{r.label} did not finish ({reason[0]}; log {job.paths.stderr})", 1
-    return None if code == 0 else (f"{r.label} exit code {code} (log {job.paths.stderr})", code)
-
-
-def run_jobs(cfg: AblateConfig, pending: list[tuple[Run, list[str]]]) -> dict[Run, tuple[str, int]]:
-    """Each pending run as a submitit job, at most `--max-parallel` running at once (Slurm: one job array holding
-    them), waited for; the failed runs with their lines (see `job_outcome`). Stopping the sweep cancels its jobs."""
-    executor = make_executor(cfg, Path(cfg.launcher_dir or Path(cfg.out_dir) / "jobs"))
-    console = make_console()
-    waiting, running, failed = list(pending), {}, {}
-    if cfg.launcher == "slurm":
-        with executor.batch():
-            jobs = [executor.submit(job_call(cfg, args)) for _, args in pending]
-        running, waiting = {r: job for (r, _), job in zip(pending, jobs, strict=True)}, []
-        console.print(f"submitted {len(jobs)} jobs (array {jobs[0].job_id.split('_')[0]}), logs in {executor.folder}")
-    limit, poll_s = cfg.max_parallel or 1, 0.5 if cfg.launcher == "local" else 15.0
-    try:
-        while waiting or running:
-            while waiting and len(running) < limit:
-                r, args = waiting.pop(0)
-                running[r] = job = executor.submit(job_call(cfg, args))
-                console.print(f"ablation variant {r.label}: job {job.job_id}, log {job.paths.stdout}")
-            time.sleep(poll_s)
-            for r in [r for r, job in running.items() if job.done()]:
-                outcome = job_outcome(r, running.pop(r))
-                console.print(f"ablation variant {r.label}: " + ("finished" if outcome is None else "failed"))
-                if outcome is not None:
-                    failed[r] = outcome
-    except BaseException:
-        for job in running.values():
-            job.cancel(check=False)
-        raise
-    return failed
+def launch(cfg: AblateConfig, pending: list[tuple[Run, list[str]]]) -> dict[Run, tuple[str, int]]:
+    """Each pending run as a job of `--launcher local|slurm` (see `datasets.jobs.run_jobs`); the failed runs with their
+    lines and exit codes (1 for a job that did not finish)."""
+    folder = Path(cfg.launcher_dir or Path(cfg.out_dir) / "jobs")
+    executor = make_executor(
+        cfg.launcher, folder, f"ablation-{cfg.stage}", cfg.job_minutes, cfg.max_parallel, cfg.slurm
+    )
+    argv = [sys.executable, "-m", STAGE_MODULES[cfg.stage]]
+    outcomes = run_jobs(executor, [(f"ablation variant {r.label}", [*argv, *a]) for r, a in pending], cfg.max_parallel)
+    return {pending[i][0]: (o.describe(pending[i][0].label), o.code) for i, o in outcomes.items() if not o.ok}
 
 
 class RunsFailed(StageFailed):
@@ -435,31 +336,6 @@ class RunsFailed(StageFailed):
         super().__init__("ablation", module, failed[0][1])
         self.args = (f"ablation: {len(failed)} runs failed (the others' rows in {out_dir}): "
                      + "; ".join(line for line, _ in failed),)  # fmt: skip
-
-
-def mean_interval(values: Sequence[float]) -> tuple[float, float | None]:
-    """The mean of `values` and the half-width of its 95% t-interval, `t.ppf(0.975, n - 1) * sd / sqrt(n)` with the
-    sample standard deviation (None for one value)."""
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2:
-        return float(x.mean()), None
-    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
-
-
-def seed_summary(rows: dict[int, dict[str, float]]) -> dict:
-    """A variant over seeds: the seeds, each metric's mean and 95% interval half-width (None with one seed), and the
-    per-seed rows."""
-    cols = list(next(iter(rows.values())))
-    spread = {c: mean_interval([row[c] for row in rows.values()]) for c in cols}
-    return {
-        "seeds": list(rows), "mean": {c: m for c, (m, _) in spread.items()},
-        "ci95": {c: h for c, (_, h) in spread.items()}, "per_seed": {str(s): row for s, row in rows.items()},
-    }  # fmt: skip
-
-
-def cell(mean: float, half: float | None = None) -> str:
-    """A table cell: `0.950`, or `0.950 ± 0.020` with an interval."""
-    return f"{mean:.3f}" if half is None or math.isnan(mean) else f"{mean:.3f} ± {half:.3f}"
 
 
 def budget(cfg: AblateConfig, run_dir: Path) -> str:
@@ -519,8 +395,8 @@ def main(cfg: AblateConfig) -> dict:
         raise ConfigError(f"unknown {cfg.stage} variants {unknown}; known: {sorted(VARIANTS[cfg.stage])}")
     if cfg.stage == "student" and not cfg.teacher:
         raise ConfigError("--teacher is required for student ablations")
-    if cfg.launcher == "slurm" and shutil.which("sbatch") is None:
-        raise ConfigError("--launcher slurm: no `sbatch` on PATH (not a Slurm submission host); use --launcher local")
+    if cfg.launcher == "slurm":
+        check_sbatch()
     check_login(cfg.wandb)
     module, runs = STAGE_MODULES[cfg.stage], ablation_runs(cfg)
     pending = [(r, args) for r in runs if (args := pending_command(cfg, r)) is not None]
@@ -529,7 +405,7 @@ def main(cfg: AblateConfig) -> dict:
         for r, args in pending:
             run_stage(f"ablation variant {r.label}", module, args)
     elif pending:
-        failed = run_jobs(cfg, pending)
+        failed = launch(cfg, pending)
     rows = {r: read_row(cfg, run_directory(cfg, r.variant, r.seed)) for r in runs if r not in failed}
     results = write_results(cfg, rows, [line for line, _ in failed.values()]) if rows else {}
     if failed:

@@ -1,12 +1,12 @@
 """`experiments.ablate` over seeds and launchers: a local-launcher sweep (submitit jobs) gives the inline sweep's table,
 a finished sweep submits nothing, a failed job is named while the other rows are written, Slurm is refused where there
-is no `sbatch`, and the mean ± 95% t-interval arithmetic."""
+is no `sbatch`, and each seed reaches its stage's seed flags (the launcher itself and the interval arithmetic:
+tests/datasets/test_jobs.py)."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from scipy import stats
 
 from envs.errors import ConfigError
 
@@ -133,25 +132,6 @@ def test_slurm_without_sbatch_is_refused_before_anything_is_submitted(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_slurm_jobs_get_the_resource_flags(tmp_path, monkeypatch):
-    """The Slurm options reach submitit's sbatch parameters (a stand-in `srun` on PATH lets the executor be built)."""
-    from experiments.ablate import AblateConfig, SlurmConfig, make_executor
-
-    fake = tmp_path / "bin" / "srun"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nexit 1\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    slurm = SlurmConfig(partition="gpu", gpus_per_job=2, cpus_per_task=6, mem_gb=32, additional=("account=robotics",))
-    cfg = AblateConfig(stage="teacher", launcher="slurm", max_parallel=3, job_minutes=90, slurm=slurm)
-    params = make_executor(cfg, tmp_path / "jobs")._executor.parameters
-    expected = {"partition": "gpu", "gpus_per_node": 2, "cpus_per_task": 6, "time": 90, "mem": "32GB"}
-    assert {k: params[k] for k in expected} == expected
-    assert params["array_parallelism"] == 3 and params["additional_parameters"] == {"account": "robotics"}
-    with pytest.raises(ConfigError, match="slurm.additional"):
-        SlurmConfig(additional=("robotics",))
-
-
 def test_seed_flags_reach_each_stage_and_bad_seeds_are_refused(tmp_path):
     from experiments import distill_student, train_teacher
     from experiments.ablate import AblateConfig, variant_command
@@ -170,19 +150,3 @@ def test_seed_flags_reach_each_stage_and_bad_seeds_are_refused(tmp_path):
         AblateConfig(seeds=(0, 1, 0))
     with pytest.raises(ConfigError, match=r"--seeds 2 -1: seed -1 is negative"):
         AblateConfig(seeds=(2, -1))
-
-
-def test_mean_and_95_percent_t_interval():
-    from experiments.ablate import cell, mean_interval, seed_summary
-
-    # By hand: mean 2.5, sd sqrt(5/3) = 1.2910, t(0.975, 3) = 3.1824 -> 3.1824 * 1.2910 / 2 = 2.0543.
-    mean, half = mean_interval([1.0, 2.0, 3.0, 4.0])
-    assert mean == 2.5 and half == pytest.approx(2.0543, abs=1e-4)
-    low, high = stats.t.interval(0.95, 3, loc=2.5, scale=stats.sem([1.0, 2.0, 3.0, 4.0]))
-    assert (mean - half, mean + half) == pytest.approx((low, high))
-    assert mean_interval([0.95, 0.97]) == pytest.approx((0.96, 12.7062 * 0.0141421 / math.sqrt(2)), rel=1e-4)
-    assert mean_interval([0.4]) == (0.4, None), "one seed: no interval"
-    assert cell(0.95, 0.02) == "0.950 ± 0.020" and cell(0.4) == "0.400" and cell(math.nan, math.nan) == "nan"
-    summary = seed_summary({0: {"laps": 1.0, "off": 2.0}, 3: {"laps": 0.0, "off": 2.0}})
-    assert summary["seeds"] == [0, 3] and summary["mean"] == {"laps": 0.5, "off": 2.0}
-    assert summary["ci95"]["off"] == 0.0 and summary["per_seed"]["3"] == {"laps": 0.0, "off": 2.0}
