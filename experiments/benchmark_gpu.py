@@ -13,7 +13,9 @@ and the next measurement runs):
   completion per direction, and when its periodic evaluation first reached `--teacher-target` in both directions
   (the write time of that iteration's checkpoint, from the process launch and from the run's start);
 - `student`: `python -m experiments.benchmark_student` on the device: DAgger training frames/s (windows/s x frames
-  per window) and deployment-step frames/s.
+  per window) and deployment-step frames/s;
+- `dagger`: `python -m experiments.distill_student` from that teacher for `--dagger-rounds` rounds, its camera envs,
+  teacher and student on the teacher's device: DAgger end to end (collection, training, evaluation), frames/s.
 
 The JSON (rewritten after every measurement) holds the machine, the device name, package versions, the figures
 published by a peer project and the goals; the table sets the figures next to them.
@@ -107,6 +109,12 @@ class GpuBenchConfig:
     """timed DAgger training steps per variant"""
     student_step_envs: int = 1024
     """cars in the timed deployment step"""
+    dagger_rounds: int = 1
+    """rounds of the DAgger run from the benchmark's teacher (0 = skip)"""
+    dagger_preset: str = "default"
+    """distill_student preset of that run"""
+    dagger_envs: int = 256
+    """its collection envs"""
     timeout_s: float = 240.0
     """wall limit of one measurement process (the teacher's: its budget plus `teacher_overhead_s`)"""
     teacher_overhead_s: float = 240.0
@@ -121,10 +129,11 @@ class GpuBenchConfig:
             for n in getattr(self, name):
                 check_range(name, n, 1, 1_000_000)
         counts = ("steps", "camera_steps", "genesis_steps", "teacher_envs", "teacher_iterations", "teacher_eval_every",
-                  "student_train_steps", "student_step_envs")  # fmt: skip
+                  "student_train_steps", "student_step_envs", "dagger_envs")  # fmt: skip
         for name in counts:
             check_range(name, getattr(self, name), 1, 10_000_000)
         check_range("warmup", self.warmup, 0, 100_000)
+        check_range("dagger_rounds", self.dagger_rounds, 0, 10_000)
         check_range("teacher_minutes", self.teacher_minutes, 0.0, 1e4)
         check_range("teacher_target", self.teacher_target, 0.0, 1.0)
         check_range("timeout_s", self.timeout_s, 1.0, 1e6)
@@ -300,6 +309,28 @@ def teacher_measurement(cfg: GpuBenchConfig, out_dir: Path) -> dict:
     return {**result, "process_seconds": child["seconds"]}
 
 
+def dagger_measurement(cfg: GpuBenchConfig, teacher_run: Path, out_dir: Path) -> dict:
+    """A DAgger run from the benchmark's teacher (its `teacher.pt`): rounds, samples, DAgger wall time and samples
+    per second of it, and the student against the teacher from the run's `eval.json`."""
+    teacher = teacher_run / "teacher.pt"
+    if not teacher.is_file():
+        return {"status": "skipped", "reason": f"no {teacher} (the teacher section did not finish)"}
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{Path(cfg.out).stem}-dagger-", dir=out_dir))
+    cmd = [sys.executable, "-m", "experiments.distill_student", cfg.dagger_preset, "--task", current_task(),
+           "--teacher", str(teacher), "--run-dir", str(run_dir), "--dagger.rounds", str(cfg.dagger_rounds),
+           "--dagger.envs", str(cfg.dagger_envs), "--wandb.mode", "disabled"]  # fmt: skip
+    child = run_process(cmd, cfg.timeout_s)
+    bad = failure(child, "distill_student", cfg.timeout_s)
+    if bad:
+        return {**bad, "process_seconds": child["seconds"]}
+    summary = json.loads((run_dir / "eval.json").read_text())
+    seconds = 60.0 * summary["dagger_minutes"]
+    return {"status": "ok", "rounds": summary["rounds"], "envs": cfg.dagger_envs, "samples": summary["samples"],
+            "dagger_seconds": seconds, "samples_per_s": summary["samples"] / max(seconds, 1e-9),
+            "student": lap_completion(summary["student"]), "teacher": lap_completion(summary["teacher"]),
+            "run_dir": str(run_dir), "process_seconds": child["seconds"]}  # fmt: skip
+
+
 def student_measurement(cfg: GpuBenchConfig, out_dir: Path) -> list[dict]:
     out = out_dir / f"{Path(cfg.out).stem}-student.json"
     cmd = [sys.executable, "-m", "experiments.benchmark_student", cfg.student_preset, "--task", current_task(),
@@ -374,6 +405,8 @@ def comparison(report: dict) -> list[dict]:
         add(r, "student DAgger training frames/s", r.get("variant"), "train_frames_per_s", cnn,
             note="the peer's full CNN PPO loop, steps/s")  # fmt: skip
         add(r, "student deployment frames/s", r.get("deploy_cars"), "deploy_frames_per_s")
+    for r in report["dagger"]:
+        add(r, "DAgger samples/s (collect + train + eval)", r.get("envs"), "samples_per_s")
     return rows
 
 
@@ -399,7 +432,7 @@ def print_table(console, report: dict) -> None:
         size = "-" if row["size"] is None else str(row["size"])
         table.add_row(row["figure"], size, fmt(row["value"]), fmt(row["peer"]), fmt(row["goal"]), meets)
     console.print(table)
-    for name in ("state", "camera", "genesis", "teacher", "student"):
+    for name in ("state", "camera", "genesis", "teacher", "student", "dagger"):
         for r in report[name]:
             if r.get("status") != "ok":
                 console.print(f"[yellow]{name}: {r.get('status')}: {str(r.get('error', r.get('reason')))[:300]}[/]")
@@ -415,7 +448,7 @@ def main(cfg: GpuBenchConfig) -> dict:
     out = Path(cfg.out)
     report: dict = {"machine": machine(), "device": device_info(device), "versions": versions(),
                     "config": asdict(cfg), "peer": PEER, "goals": GOALS}  # fmt: skip
-    for name in ("state", "camera", "genesis", "teacher", "student"):
+    for name in ("state", "camera", "genesis", "teacher", "student", "dagger"):
         report[name] = []
     start = time.time()
 
@@ -441,6 +474,12 @@ def main(cfg: GpuBenchConfig) -> dict:
         record("teacher", [teacher_measurement(cfg, out.parent)])
     else:
         record("teacher", [{"status": "skipped", "reason": "--teacher-minutes is 0"}])
+    teacher_run = report["teacher"][0].get("run_dir")
+    if cfg.dagger_rounds > 0 and teacher_run:
+        console.print(f"DAgger from that teacher ({cfg.dagger_rounds} rounds, {cfg.dagger_envs} envs) ...")
+        record("dagger", [dagger_measurement(cfg, Path(teacher_run), out.parent)])
+    else:
+        record("dagger", [{"status": "skipped", "reason": "--dagger-rounds is 0 or no teacher was trained"}])
     print_table(console, report)
     console.print(f"wrote {out.resolve()} in {report['total_seconds']:.0f} s")
     return report
@@ -454,7 +493,8 @@ PRESETS = {
         device="cpu", state_envs=(64, 128), camera_envs=(8,), genesis_envs=(), steps=20, camera_steps=5,
         genesis_steps=5, warmup=2, compile=False, teacher_minutes=1.0, teacher_envs=32, teacher_iterations=3,
         teacher_eval_every=2, teacher_preset="smoke", student_preset="smoke", student_train_steps=2,
-        student_step_envs=8, timeout_s=120.0, teacher_overhead_s=120.0, out="outputs/benchmark_gpu_cpu_smoke.json",
+        student_step_envs=8, dagger_preset="smoke", dagger_rounds=1, dagger_envs=4, timeout_s=120.0,
+        teacher_overhead_s=120.0, out="outputs/benchmark_gpu_cpu_smoke.json",
     )),
 }  # fmt: skip
 

@@ -87,7 +87,7 @@ def camera_video(distiller: Distiller, steps: int = 90) -> tuple[np.ndarray, lis
     from envs.racing.env import RacingEnv
 
     env = RacingEnv(env_cfg)
-    policy = StudentPolicy(distiller.model, 1)
+    policy = StudentPolicy(distiller.model, 1, distiller.device)
     obs = env.get_observations()
     frames, captions = [], []
     for t in range(steps):
@@ -95,7 +95,7 @@ def camera_video(distiller: Distiller, steps: int = 90) -> tuple[np.ndarray, lis
         if env.action_space.kind == "discrete":
             angle, speed = env.action_space.choices[int(action[0, 0])]
             captions.append(f"t={t / env_cfg.control_hz:.1f}s {angle:+.0f}° {speed:.1f}m/s")
-        frames.append(obs["camera"][0].numpy())
+        frames.append(obs["camera"][0].cpu().numpy())
         obs, _, dones, _ = env.step(action)
         policy.reset(dones)
     return np.stack(frames), captions
@@ -136,7 +136,7 @@ def main(cfg: DistillConfig) -> dict:
 
     # Final comparison: student and teacher on the same camera-env episodes.
     eval_env_cfg = replace(distiller.env_cfg, termination=env_cfg.termination)
-    student_policy = StudentPolicy(distiller.model, cfg.final_eval.num_episodes)
+    student_policy = StudentPolicy(distiller.model, cfg.final_eval.num_episodes, distiller.device)
     s_metrics, s_records, env = evaluate(student_policy.act, eval_env_cfg, cfg.final_eval, reset=student_policy.reset)
     t_metrics, _, _ = evaluate(teacher.act, eval_env_cfg, cfg.final_eval, env=env)
     table = Table(title=f"student vs teacher ({cfg.final_eval.num_episodes} episodes, camera env, train randomization)")

@@ -115,7 +115,7 @@ def choose_actions(
 ) -> tuple[Tensor, Tensor]:
     """Executed actions `(N, 1)` and whether the student's was used `(N,)`."""
     beta = teacher_probability(cfg, round_index)
-    use_student = torch.rand(teacher_action.shape[0], generator=generator) >= beta
+    use_student = (torch.rand(teacher_action.shape[0], generator=generator) >= beta).to(teacher_action.device)
     if cfg.gating and teacher_logits.shape[-1] > 1:
         probs = torch.softmax(teacher_logits, -1)
         p_student = probs.gather(-1, student_action.long()).squeeze(-1)

@@ -121,10 +121,14 @@ class Distiller:
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
         self.spec = output_spec(self.task, self.env, teacher)
-        self.model = StudentModel(student_cfg, self.spec)
+        # The student and the teacher run where the env's tensors are (a CUDA env: on that GPU); the mixing draws stay
+        # on the CPU, the augmentation's on the device.
+        self.device = torch.device(getattr(self.env_cfg, "device", "cpu"))
+        teacher.to(self.device)
+        self.model = StudentModel(student_cfg, self.spec).to(self.device)
         broadcast_parameters(self.model, rank)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
-        self.policy = StudentPolicy(self.model, self.env.num_envs)
+        self.policy = StudentPolicy(self.model, self.env.num_envs, self.device)
         self.eval_env = (
             self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)
             if rank.is_main
@@ -143,7 +147,7 @@ class Distiller:
         seed = rank.seed(dagger_cfg.seed)  # the run's seed on rank 0: a single-process run is unchanged
         if rank.distributed:
             torch.manual_seed(seed)  # the same initial student everywhere (above), then each rank its own draws
-        self.aug_generator = torch.Generator().manual_seed(seed + 1)
+        self.aug_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.mix_generator = torch.Generator().manual_seed(seed + 2)
         self.np_rng = np.random.default_rng(seed + 3)
 
@@ -252,15 +256,19 @@ class Distiller:
         if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
             return {}
         cfg = self.cfg
-        data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
-        self.estimator_fit = fit_estimator(
-            self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed
-        )
+        self.model.cpu()  # the replay and the fit read the shards on the CPU (the estimator is small)
+        try:
+            data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
+            self.estimator_fit = fit_estimator(
+                self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed
+            )
+        finally:
+            self.model.to(self.device)
         return {f"estimator_fit/{k}": v for k, v in self.estimator_fit.items()}
 
     # --------------------------------------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
-        policy = StudentPolicy(self.model, self.eval_env.num_envs)
+        policy = StudentPolicy(self.model, self.eval_env.num_envs, self.device)
         return self.task.evaluate(policy.act, self.eval_env, self.eval_cfg, reset=policy.reset)
 
     # ---------------------------------------------------------------------------------------------- loop

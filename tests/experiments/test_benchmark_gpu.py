@@ -48,6 +48,8 @@ def test_cpu_smoke_writes_every_section(tmp_path):
     assert student["status"] == "ok" and student["variant"] == "default"
     assert student["train_frames_per_s"] == pytest.approx(student["train_windows_per_s"] * student["window_frames"])
     assert student["deploy_frames_per_s"] > 0
+    (dagger,) = report["dagger"]  # DAgger end to end from the benchmark's teacher
+    assert dagger["status"] == "ok" and dagger["rounds"] == 1 and dagger["samples"] > 0 and dagger["samples_per_s"] > 0
     figures = {row["figure"] for row in report["comparison"]}
     assert {"state env-steps/s", "camera frames/s (160x120)", "teacher s to target laps"} <= figures
     assert "deepracer-genesis" in proc.stdout, "the table names the peer"
