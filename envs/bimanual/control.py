@@ -136,17 +136,18 @@ class ControlConfig:
     """λ of the damped least squares (m): small steps near singular poses"""
     max_lead: float = 0.03
     """farthest the TCP target may lead the TCP (m)"""
-    max_yaw_lead: float = 0.3
-    """farthest the yaw target may lead the hand's yaw (rad)"""
+    max_yaw_lead: float = 0.1
+    """farthest the yaw target may lead the hand's yaw (rad); the wrist servos saturate (12 N·m) and a larger lead
+    makes the yaw swing"""
     max_joint_step: float = 0.3
     """largest joint change per IK step (rad)"""
     finger_force_range: tuple[float, float] = (-6.0, 2.0)
     """finger force limits (N; negative closes, positive opens)"""
-    integrate: bool = True
-    """accumulate the IK steps in the servo targets (no steady pose error under load) instead of stepping from the
-    measured joints"""
+    integral_gain: float = 0.2
+    """fraction of each IK step added to a per-joint offset of the servo targets (0: none; a load then leaves a
+    steady pose error)"""
     max_joint_lead: float = 0.2
-    """farthest an accumulated servo target may lead its joint (rad)"""
+    """largest integral offset of a servo target (rad)"""
     max_delay: int = 0
     """capacity of the latency buffer in physics steps (0: no latency)"""
 
@@ -182,7 +183,7 @@ class BimanualController:
         n = scene.num_envs
         self.target_pos = torch.zeros(n, 2, 3)
         self.target_yaw = torch.zeros(n, 2)
-        self.q_command = torch.zeros(n, 2, len(scene.arm_dofs))
+        self.q_offset = torch.zeros(n, 2, len(scene.arm_dofs))  # integral of the IK steps
         width = 2 * len(scene.arm_dofs) + 4
         self.delay = ActionDelay(n, width, self.cfg.max_delay) if self.cfg.max_delay else None
         self.reset(torch.arange(n))
@@ -192,9 +193,9 @@ class BimanualController:
         poses = self.poses()
         self.target_pos[envs_idx] = poses.pos[envs_idx]
         self.target_yaw[envs_idx] = poses.yaw[envs_idx]
-        q = torch.stack([a.get_dofs_position(self.bs.arm_dofs) for a in self.bs.arms], 1)[envs_idx]
-        self.q_command[envs_idx] = q
+        self.q_offset[envs_idx] = 0.0
         if self.delay is not None:
+            q = torch.stack([a.get_dofs_position(self.bs.arm_dofs) for a in self.bs.arms], 1)[envs_idx]
             self.delay.fill(torch.cat([q.flatten(1), torch.zeros(len(envs_idx), 4)], -1), envs_idx)
 
     def poses(self) -> ArmPoses:
@@ -223,12 +224,11 @@ class BimanualController:
         target_quat = top_down_quat(self.target_yaw + self.base_yaw)
         error = torch.cat([self.target_pos - poses.pos, rotation_error(target_quat, poses.quat)], -1)  # (N, 2, 6)
         dq = dls_step(jac, error, self.cfg.damping).clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
-        if self.cfg.integrate:
-            # The servo target accumulates the IK steps: a pose error that a load holds against the servos (gravity,
-            # the object) keeps adding until it is gone.
-            self.q_command = q + (self.q_command + dq - q).clamp(-self.cfg.max_joint_lead, self.cfg.max_joint_lead)
-            return self.q_command
-        return q + dq
+        # An integral term on top of the step from the measured joints: a pose error that a load holds against the
+        # servos (gravity, the object) adds up until it is gone; a full integrator oscillates with the servos' lag.
+        lead = self.cfg.max_joint_lead
+        self.q_offset = (self.q_offset + self.cfg.integral_gain * dq).clamp(-lead, lead)
+        return q + dq + self.q_offset
 
     def step(self, pos_delta: Tensor, yaw_delta: Tensor, finger_force: Tensor, poses: ArmPoses | None = None) -> None:
         """One control step: move the targets, IK, then `decimation` physics steps with the (delayed) joint targets and
