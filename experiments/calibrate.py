@@ -95,7 +95,8 @@ class CameraCalibrationConfig:
 
 
 def render_images(cfg: CameraCalibrationConfig, console) -> CameraCalibrationConfig:
-    """Render the board and floor images in the proxy's camera into `cfg.render`; the config reading them."""
+    """Render the board and floor images in the proxy's camera into `cfg.render`; the config reading them (and
+    fitting the proxy's lens model)."""
     import cv2
 
     from envs.racing.calibration_scene import render_calibration_set
@@ -119,7 +120,7 @@ def render_images(cfg: CameraCalibrationConfig, console) -> CameraCalibrationCon
         f"rendered {len(boards)} board and {len(floors)} floor images into {root} in {time.time() - t0:.1f} s"
     )
     floor = str(root / "floor") if floors else ""
-    return replace(cfg, images=str(root / "board"), floor_images=floor, truth=str(root / "truth.json"))
+    return replace(cfg, images=str(root / "board"), floor_images=floor, truth=str(root / "truth.json"), lens=proxy.lens)
 
 
 def lens_summary(fit: LensFit) -> dict:
@@ -149,15 +150,9 @@ def comparison_table(fields: dict[str, float], extra: dict[str, float], truth: d
     return table
 
 
-def main(cfg: CameraCalibrationConfig) -> dict:
-    console = make_console()
-    if cfg.render:
-        cfg = render_images(cfg, console)
-    if not cfg.images:
-        raise ConfigError(
-            "give --images DIR (checkerboard photos), or --render DIR to render them in the reality proxy"
-        )
-    t0 = time.time()
+def detect_all(cfg: CameraCalibrationConfig, console) -> tuple[dict, list[str], tuple[int, int], dict, list[str]]:
+    """The board's corners in the lens images and in the floor frames (found, skipped, image size, floor found,
+    floor skipped); images without the board are printed; too few lens images are refused naming the skipped ones."""
     paths = image_paths(cfg.images)
     found, missing, size = detect_corners(paths, cfg.board)
     pattern = f"{cfg.board.cols}x{cfg.board.rows}"
@@ -178,6 +173,19 @@ def main(cfg: CameraCalibrationConfig) -> dict:
         if floor_missing:
             console.print(f"[yellow]no board found in {len(floor_missing)} floor frame(s), skipped:[/] "
                           f"{', '.join(floor_missing)}")  # fmt: skip
+    return found, missing, size, floor_found, floor_missing
+
+
+def main(cfg: CameraCalibrationConfig) -> dict:
+    console = make_console()
+    if cfg.render:
+        cfg = render_images(cfg, console)
+    if not cfg.images:
+        raise ConfigError(
+            "give --images DIR (checkerboard photos), or --render DIR to render them in the reality proxy"
+        )
+    t0 = time.time()
+    found, missing, size, floor_found, floor_missing = detect_all(cfg, console)
     t_detect = time.time() - t0
     lens = fit_lens(found, cfg.board, size, cfg.lens)
     free = fit_lens(found, cfg.board, size, cfg.lens, distortion=True)
