@@ -109,7 +109,7 @@ def test_demo_smoke_runs_every_stage(tmp_path):
     assert {"teacher", "student", "export", "deployment_loop", "transfer"} <= set(summary)
     assert (tmp_path / "export" / "student.onnx").is_file() and "student.onnx" in summary["export"]["files"]
     assert summary["deployment_loop"]["steps"] == 10 and summary["student"]["rounds"] == 2
-    assert summary["teacher"]["checkpoint"].endswith("iter_000003.pt")
+    assert summary["teacher"]["checkpoint"].endswith("teacher.pt")
     assert "consecutive-good" in (tmp_path / "transfer" / "transfer.md").read_text()
 
 
