@@ -22,11 +22,10 @@ import torch
 from rich.table import Table
 
 from envs.console import make_console
-from envs.genesis_import import import_genesis
+from envs.genesis_import import GenesisConfig, import_genesis
 from envs.machine import machine
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
-from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.pure_pursuit import PurePursuitDriver
 from experiments.cli import current_task, run
 

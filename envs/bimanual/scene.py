@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from envs.errors import ConfigError, check_range
-from envs.racing.physics_genesis import GenesisConfig, init_genesis
+from envs.genesis_import import GenesisConfig, init_genesis
 
 PANDA_XML = "xml/franka_emika_panda/panda.xml"
 ARM_JOINTS = 7

@@ -22,6 +22,7 @@ import torch
 from envs.camera_calibration import Checkerboard
 from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
+from envs.genesis_import import GenesisConfig, init_genesis
 from envs.racing.camera_genesis import (
     _MSAA,
     FISHEYE_MAX_OFF_AXIS_DEG,
@@ -30,7 +31,6 @@ from envs.racing.camera_genesis import (
     fisheye_render,
     mount_transform,
 )
-from envs.racing.physics_genesis import GenesisConfig, init_genesis
 from envs.racing.sensor import SensorConfig, SensorModel
 
 GL_FROM_CV = np.diag([1.0, -1.0, -1.0, 1.0])

@@ -19,8 +19,7 @@ from torch import Tensor
 
 from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
-from envs.genesis_import import import_genesis
-from envs.racing.physics_genesis import GenesisConfig, init_genesis
+from envs.genesis_import import GenesisConfig, import_genesis, init_genesis
 from envs.racing.randomization import VisualSample
 from envs.racing.track_texture import TrackScene
 

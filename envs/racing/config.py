@@ -7,9 +7,9 @@ from typing import Literal
 
 from envs.camera_model import CameraConfig
 from envs.errors import ConfigError, check_range
+from envs.genesis_import import GenesisConfig
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE, CarSpec
 from envs.racing.effects import EffectsConfig
-from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.randomization import RandomizationConfig
 from envs.racing.rewards import RewardConfig, TerminationConfig
 from envs.racing.sensor import SensorConfig

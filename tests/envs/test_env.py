@@ -6,6 +6,7 @@ import torch
 
 from envs.camera_model import CameraConfig
 from envs.errors import ConfigError
+from envs.genesis_import import GenesisConfig
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.evaluation import (
@@ -18,7 +19,6 @@ from envs.racing.evaluation import (
     run_episodes,
 )
 from envs.racing.observations import teacher_dim
-from envs.racing.physics_genesis import GenesisConfig
 from envs.racing.pure_pursuit import PurePursuitDriver
 from envs.racing.randomization import FACTOR_NAMES, RandomizationConfig
 from envs.racing.rewards import TerminationConfig

@@ -97,7 +97,7 @@ def test_masked_reset_leaves_other_envs(physics):
 
 def test_one_genesis_mode_per_process(physics):
     from envs.errors import ConfigError
-    from envs.racing.physics_genesis import GenesisConfig, init_genesis
+    from envs.genesis_import import GenesisConfig, init_genesis
 
     assert init_genesis(torch.device("cpu"), GenesisConfig()) is physics.gs
     with pytest.raises(ConfigError, match="performance_mode"):
@@ -157,7 +157,7 @@ def test_genesis_start_up_names_the_cpu_without_a_subprocess(physics):
     import cpuinfo
     import genesis.utils.misc as gs_misc
 
-    from envs.racing.physics_genesis import _cpu_name_without_subprocess, _CpuName
+    from envs.genesis_import import _cpu_name_without_subprocess, _CpuName
 
     assert _CpuName.get_cpu_info()["brand_raw"]
     with _cpu_name_without_subprocess():
