@@ -1,0 +1,145 @@
+"""Configuration of the two-arm env: the variant, episode timing, the randomized world and the observation groups.
+
+Every randomized quantity is a `(low, high)` range drawn per env at each reset; a range outside what the simulator
+accepts (a negative mass, a friction Genesis refuses, a latency longer than its buffer) is refused here, naming the
+field. The defaults are the ranges in which the scripted grasp holds the bar.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envs.errors import ConfigError, check_interval, check_range
+from envs.genesis_import import GenesisConfig
+
+VARIANTS = ("lift",)
+"""task variants this env builds (a level bar lift)"""
+
+BAR_LENGTHS = (0.26, 0.36)
+"""bar lengths the lift task allows (m)"""
+
+
+@dataclass(frozen=True)
+class RandomizationConfig:
+    """Per-env ranges drawn at every reset (physical units)."""
+
+    object_mass: tuple[float, float] = (0.1, 0.3)
+    """bar mass (kg)"""
+    com_shift: tuple[float, float] = (-0.02, 0.02)
+    """bar centre-of-mass offset along its length (m)"""
+    friction: tuple[float, float] = (0.4, 1.2)
+    """friction coefficient of the bar and the finger pads (Genesis takes the larger of a pair; both get this value)"""
+    gain_scale: tuple[float, float] = (0.9, 1.1)
+    """scale of each arm's joint stiffness and damping (drawn per arm)"""
+    action_latency: tuple[int, int] = (0, 2)
+    """delay of the joint targets and finger forces (physics steps)"""
+    camera_latency: tuple[int, int] = (0, 0)
+    """delay of the camera image (control steps)"""
+    base_offset: float = 0.005
+    """largest misplacement of arm 1's base in x and y (m)"""
+    object_xy: float = 0.04
+    """largest offset of the bar's start position from the table centre in x and y (m)"""
+    object_yaw: float = 0.3
+    """largest start yaw of the bar (rad)"""
+
+    def __post_init__(self) -> None:
+        check_interval("randomization.object_mass", self.object_mass, 0.01, 5.0)
+        check_interval("randomization.com_shift", self.com_shift, -0.1, 0.1)
+        check_interval("randomization.friction", self.friction, 0.05, 3.0)
+        check_interval("randomization.gain_scale", self.gain_scale, 0.2, 3.0)
+        check_interval("randomization.action_latency", self.action_latency, 0, 100)
+        check_interval("randomization.camera_latency", self.camera_latency, 0, 20)
+        check_range("randomization.base_offset", self.base_offset, 0.0, 0.05)
+        check_range("randomization.object_xy", self.object_xy, 0.0, 0.1)
+        check_range("randomization.object_yaw", self.object_yaw, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class ObservationConfig:
+    """Which observation groups the env offers (every group is computed only when on)."""
+
+    teacher: bool = True
+    """privileged state: object pose and velocity, TCP poses, finger widths and forces, grasp vectors, phase"""
+    env_factors: bool = True
+    """the randomized world, normalized to [-1, 1]"""
+    proprio: bool = True
+    """what the arms report: previous action, joint positions, gripper widths, an estimated TCP wrench"""
+    camera: bool = False
+    """one fixed grayscale camera over the table (slow: a rasterized image per env per step)"""
+    camera_res: int = 96
+    """square image side (pixels)"""
+    joint_noise: float = 0.002
+    """standard deviation of the joint encoder noise (rad)"""
+    wrench_noise: float = 0.5
+    """standard deviation of the wrench estimate's noise (N, N·m)"""
+    wrench_bias_walk: float = 0.02
+    """per-step standard deviation of the random walk of the wrench estimate's bias (N, N·m)"""
+
+    def __post_init__(self) -> None:
+        check_range("observations.camera_res", self.camera_res, 16, 512)
+        check_range("observations.joint_noise", self.joint_noise, 0.0, 0.1)
+        check_range("observations.wrench_noise", self.wrench_noise, 0.0, 10.0)
+        check_range("observations.wrench_bias_walk", self.wrench_bias_walk, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class BimanualConfig:
+    """A batched two-arm env."""
+
+    num_envs: int = 64
+    """the number of parallel environments"""
+    seed: int = 0
+    """seed of the env's generator (start poses, randomization, sensor noise)"""
+    device: str = "cpu"
+    """torch device of the simulation and the observations"""
+    variant: str = "lift"
+    """the task: 'lift' (a level two-arm bar lift)"""
+    episode_seconds: float = 8.0
+    """episode length (s)"""
+    dt: float = 0.01
+    """physics step (s)"""
+    decimation: int = 5
+    """physics steps per control step (20 Hz control at the defaults)"""
+    bar_length: float = 0.30
+    """the bar's length (m): one per scene, Genesis cannot resize a geometry per env"""
+    bar_section: float = 0.04
+    """the bar's square cross-section side (m)"""
+    max_latency: int = 4
+    """capacity of the action latency buffer (physics steps): the most `randomization.action_latency` may draw"""
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    """per-env ranges"""
+    observations: ObservationConfig = field(default_factory=ObservationConfig)
+    """observation groups"""
+    error_speed: float = 20.0
+    """a body speed above this (m/s, rad/s) counts as an exploded simulation and resets the env"""
+    genesis: GenesisConfig = field(default_factory=GenesisConfig)
+    """engine settings, fixed by the first Genesis scene of a process"""
+
+    def __post_init__(self) -> None:
+        check_range("env.num_envs", self.num_envs, 1, 65536)
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"env.variant={self.variant!r} is unknown; known variants: {', '.join(VARIANTS)}")
+        check_range("env.episode_seconds", self.episode_seconds, 0.5, 120.0)
+        check_range("env.dt", self.dt, 1e-4, 0.02)
+        check_range("env.decimation", self.decimation, 1, 50)
+        check_range("env.bar_length", self.bar_length, *BAR_LENGTHS)
+        check_range("env.bar_section", self.bar_section, 0.02, 0.06)
+        check_range("env.max_latency", self.max_latency, 0, 100)
+        check_range("env.error_speed", self.error_speed, 1.0, 1000.0)
+        if self.randomization.action_latency[1] > self.max_latency:
+            raise ConfigError(
+                f"randomization.action_latency={self.randomization.action_latency!r} exceeds the latency buffer "
+                f"(env.max_latency={self.max_latency} physics steps)"
+            )
+        if self.randomization.camera_latency[1] > 0 and not self.observations.camera:
+            raise ConfigError("randomization.camera_latency needs observations.camera=True")
+
+    @property
+    def control_dt(self) -> float:
+        """seconds per control step"""
+        return self.dt * self.decimation
+
+    @property
+    def max_episode_length(self) -> int:
+        """control steps per episode"""
+        return round(self.episode_seconds / self.control_dt)
