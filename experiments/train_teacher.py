@@ -24,6 +24,8 @@ from rich.table import Table
 from datasets.checkpoints import load_checkpoint, save_atomic
 from datasets.run_layout import TEACHER_FILE
 from datasets.run_logger import RunLogger, WandbConfig, check_login
+from envs.bimanual.config import BimanualConfig, ObservationConfig
+from envs.bimanual.task import BimanualEvalConfig
 from envs.camera_model import CameraConfig
 from envs.config_io import to_yaml, write_text_atomic
 from envs.console import make_console
@@ -82,6 +84,29 @@ class TrainTeacherConfig:
             raise ConfigError("env.camera must be 'none' for the teacher (it reads ground truth, not images)")
 
 
+TEACHER_OBS = ObservationConfig(proprio=False, camera=False)
+"""the bimanual teacher's observation groups: ground truth and the world (the student's env turns the rest on)"""
+
+
+@dataclass(frozen=True)
+class TrainBimanualTeacherConfig(TrainTeacherConfig):
+    """A teacher training run of the two-arm bar lift (`--task bimanual-lift`)."""
+
+    env: BimanualConfig = field(default_factory=lambda: BimanualConfig(num_envs=64, observations=TEACHER_OBS))
+    """training env (full randomization; the groups the teacher reads, no camera)"""
+    eval: BimanualEvalConfig = field(default_factory=lambda: BimanualEvalConfig(episodes=32))
+    """periodic evaluation: fixed-seed episodes in the training randomization"""
+    final_eval: BimanualEvalConfig = field(default_factory=lambda: BimanualEvalConfig(episodes=100, seed=4321))
+    """the final report's evaluation (a seed the periodic evaluation never used)"""
+
+    def __post_init__(self) -> None:
+        self.policy.check_factors(task_of_config(self.env).factor_names)
+        if self.env.observations.camera:
+            raise ConfigError("env.observations.camera must be off for the teacher (it reads ground truth, not images)")
+        if self.generalization_tracks:
+            raise ConfigError("generalization_tracks are racing's; the bimanual task has none")
+
+
 def resume_path(spec: str) -> Path:
     path = Path(spec)
     if path.is_dir():
@@ -90,6 +115,42 @@ def resume_path(spec: str) -> Path:
             raise ConfigError(f"--resume {spec}: no checkpoints/iter_*.pt in that run directory")
         return found
     return path
+
+
+def racing_report(cfg, policy, summary: dict, logger, env_steps: int, run_dir: Path, title: str) -> Table:
+    """The final racing report: the training track (with trajectories) and the held-out tracks."""
+    table = Table(title=title)
+    for col in ("track", "laps done (fwd / rev)", "lap time (s)", "lap / optimal", "off-track"):
+        table.add_column(col)
+    for track in (cfg.env.track, *cfg.generalization_tracks):
+        metrics, records, env = evaluate(policy, replace(cfg.env, track=track), cfg.final_eval)
+        summary[f"eval/{track}"] = metrics
+        table.add_row(
+            env.track.name, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
+            f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{int(metrics['offtrack_count'])}",
+        )  # fmt: skip
+        plot = plot_trajectories(
+            env.track, [r.path for r in records], run_dir / f"trajectories_{env.track.name}.png",
+            colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in records],
+            title=f"teacher on {env.track.name}: {metrics['lap_completion']:.0%} laps (blue fwd, orange rev)",
+        )  # fmt: skip
+        logger.image(f"plots/trajectories_{env.track.name}", plot, env_steps)
+    return table
+
+
+def task_report(cfg, trainer: TeacherTrainer, policy, summary: dict, title: str) -> Table:
+    """The final report of a task other than racing: its own evaluation (`final_eval`), every metric it returns (the
+    periodic evaluation's env is reused when `final_eval` equals `eval`)."""
+    task = trainer.task
+    env = trainer.eval_env if cfg.final_eval == cfg.eval else task.make_eval_env(cfg.env, cfg.final_eval)
+    metrics = task.evaluate(policy, env, cfg.final_eval)
+    summary["final_eval"] = metrics
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value")
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.3g}")
+    return table
 
 
 def main(cfg: TrainTeacherConfig) -> dict:
@@ -126,29 +187,16 @@ def main(cfg: TrainTeacherConfig) -> dict:
     summary["checkpoint"] = str(teacher_file)
     summary["selected"] = {"checkpoint": str(selected), "iteration": int(selected_eval["iteration"]), **selected_eval}
     summary["wall_minutes"] = (time.time() - t0) / 60.0
-    summary["optimal_lap_time"] = trainer.eval_env.optimal_lap_time
-
-    # Final report: the training track (with trajectories) and the held-out tracks.
+    # Final report: racing's tracks (with trajectories); another task's own evaluation through the task contract.
     policy = trainer.policy_fn()
     trainer.alg.eval_mode()
     chosen, minutes = int(selected_eval["iteration"]), summary["wall_minutes"]
     title = f"teacher: iteration {chosen} of {trainer.iteration} ({minutes:.1f} min)"
-    table = Table(title=title)
-    for col in ("track", "laps done (fwd / rev)", "lap time (s)", "lap / optimal", "off-track"):
-        table.add_column(col)
-    for track in (cfg.env.track, *cfg.generalization_tracks):
-        metrics, records, env = evaluate(policy, replace(cfg.env, track=track), cfg.final_eval)
-        summary[f"eval/{track}"] = metrics
-        table.add_row(
-            env.track.name, f"{metrics['forward/lap_completion']:.0%} / {metrics['reverse/lap_completion']:.0%}",
-            f"{metrics['lap_time']:.2f}", f"{metrics['lap_time_ratio']:.2f}", f"{int(metrics['offtrack_count'])}",
-        )  # fmt: skip
-        plot = plot_trajectories(
-            env.track, [r.path for r in records], run_dir / f"trajectories_{env.track.name}.png",
-            colors=["tab:blue" if r.direction == "forward" else "tab:orange" for r in records],
-            title=f"teacher on {env.track.name}: {metrics['lap_completion']:.0%} laps (blue fwd, orange rev)",
-        )  # fmt: skip
-        logger.image(f"plots/trajectories_{env.track.name}", plot, trainer.env_steps)
+    if trainer.task.name == "racing":
+        summary["optimal_lap_time"] = trainer.eval_env.optimal_lap_time
+        table = racing_report(cfg, policy, summary, logger, trainer.env_steps, run_dir, title)
+    else:
+        table = task_report(cfg, trainer, policy, summary, title)
     console.print(table)
     write_text_atomic(run_dir / "eval.json", json.dumps(summary, indent=2))
     logger.artifact(teacher_file, f"teacher-{run_dir.name}", "model")
@@ -200,5 +248,20 @@ PRESETS = {
     )),
 }  # fmt: skip
 
+BIMANUAL_PRESETS = {
+    "default": ("the two-arm bar lift at 64 envs, full randomization, 30-minute budget", TrainBimanualTeacherConfig(
+        ppo=PPOConfig(num_steps_per_env=32),
+        trainer=TrainerConfig(iterations=2000, max_minutes=30.0, eval_every=25, save_every=25),
+    )),
+    "smoke": ("a few iterations at 4 envs, 2-second episodes (checks the pipeline)", TrainBimanualTeacherConfig(
+        env=BimanualConfig(num_envs=4, episode_seconds=2.0, observations=TEACHER_OBS),
+        ppo=PPOConfig(num_steps_per_env=8),
+        trainer=TrainerConfig(iterations=2, eval_every=2, save_every=1),
+        eval=BimanualEvalConfig(episodes=2),
+        final_eval=BimanualEvalConfig(episodes=2),
+        wandb=WandbConfig(mode="disabled"),
+    )),
+}  # fmt: skip
+
 if __name__ == "__main__":
-    run(main, {"racing": PRESETS}, description=__doc__)
+    run(main, {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS}, description=__doc__)

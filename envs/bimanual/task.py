@@ -132,8 +132,9 @@ def summarize(records: list[EpisodeRecord], env: BimanualEnv | None = None) -> d
 
 
 def student_env_config(cfg: BimanualConfig, num_envs: int, max_steps: int | None) -> BimanualConfig:
-    """The camera env a student drives in; with `max_steps`, episodes of at most that many control steps."""
-    cfg = replace(cfg, num_envs=num_envs, observations=replace(cfg.observations, camera=True))
+    """The camera env a student drives in (the camera and the arms' own readings on); with `max_steps`, episodes of
+    at most that many control steps."""
+    cfg = replace(cfg, num_envs=num_envs, observations=replace(cfg.observations, proprio=True, camera=True))
     return cfg if max_steps is None else replace(cfg, episode_seconds=max_steps * cfg.control_dt)
 
 
