@@ -84,6 +84,14 @@ def kinematic_lateral(vx: Tensor, steer: Tensor, spec: CarSpec) -> tuple[Tensor,
     return vx * tan_d * (spec.cg_to_rear / spec.wheelbase), vx * tan_d / spec.wheelbase
 
 
+def lag_decay(dt: float, time_constant: float | Tensor) -> float | Tensor:
+    """exp(-dt / tau): what is left of a first-order lag's error after `dt`; a tensor of per-env time constants
+    (the dynamics fit's) gives a tensor."""
+    if isinstance(time_constant, Tensor):
+        return torch.exp(-dt / time_constant)
+    return math.exp(-dt / time_constant)
+
+
 def bicycle_step(
     state: CarState,
     steer_target: Tensor,
@@ -100,7 +108,7 @@ def bicycle_step(
     grip = params.friction * GRAVITY  # max tire acceleration (mu g)
 
     # Actuators: exact first-order lags.
-    steer = steer_target + (state.steer - steer_target) * math.exp(-dt / spec.steering_time_constant)
+    steer = steer_target + (state.steer - steer_target) * lag_decay(dt, spec.steering_time_constant)
     accel = ((speed_target - state.vx) / spec.motor_time_constant).clamp(-spec.max_brake, spec.max_accel)
     accel = torch.maximum(torch.minimum(accel, grip), -grip)
 

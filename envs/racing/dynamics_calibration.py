@@ -1,0 +1,390 @@
+"""Real-to-sim dynamics calibration: the sim parameters whose response to a logged command sequence matches the
+car's logged motion.
+
+The model is the training sim's own: the actuation effects' command map (steering deadband, throttle exponent), the
+action delay (an integer number of physics substeps), the servo slew rate, the per-car gains and trim
+(`actuator_targets`) and the bicycle model (`bicycle_step`), its servo and drivetrain lags taken per parameter set.
+It is rolled out over short windows of the log, each started from the motion measured at its first frame and run
+through a burn-in before its frame-to-frame motions (forward, left, yaw change, as the planar odometry measures them)
+are compared with the log's, so thousands of windows and parameter sets go in one batch.
+
+What enters the comparison is the loop latency: the frames lag the car by the camera latency and the car lags the
+commands by the action latency, so a log of commands and frames shows their sum only. The fit:
+
+1. Adam through the rollout (torch autograd) for the smooth parameters (gains, trim, throttle exponent, the two
+   lags, grip where the drive reaches it), at every candidate loop latency at once, from a few random restarts;
+2. Adam again at the best few latencies, with bootstrap replicas of the log (windows drawn with replacement) beside
+   the full log, so each replica picks its own latency and parameters;
+3. CMA-ES (`cma`) for what has no useful gradient (steering deadband, servo slew rate) together with the smooth
+   parameters, one instance per replica, all instances' candidates in one batched rollout.
+
+Each parameter's uncertainty is its spread over the replicas. The fit is refused as unconverged when the restarts
+disagree, the latency sits at the edge of the search, or the residual stays above `max_residual`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from envs.errors import GapbridgeError, check_range
+from envs.param_fit import ParamBox, adam_fit, block_bootstrap_weights, cma_fit, huber
+from envs.racing.calibration_drive import DegenerateLogError, DriveLog
+from envs.racing.car import CarSpec
+from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets, bicycle_step
+
+PARAMS = ParamBox(
+    names=("motor_gain", "motor_time_constant", "throttle_exponent", "steering_gain", "steering_offset_deg",
+           "steering_time_constant", "friction", "steering_deadband_deg", "servo_slew"),
+    low=(0.5, 0.03, 0.5, 0.5, -8.0, 0.01, 0.3, 0.0, 0.0),
+    high=(1.5, 0.8, 2.0, 1.5, 8.0, 0.3, 2.0, 4.0, 0.5),
+)  # fmt: skip
+"""fitted parameters and their search boxes; `servo_slew` is the inverse slew rate (s per rad of command, 0 =
+unlimited)"""
+SMOOTH = ("motor_gain", "motor_time_constant", "throttle_exponent", "steering_gain", "steering_offset_deg",
+          "steering_time_constant", "friction")  # fmt: skip
+NOMINAL = {"motor_gain": 1.0, "throttle_exponent": 1.0, "steering_gain": 1.0, "steering_offset_deg": 0.0,
+           "friction": 1.0, "steering_deadband_deg": 0.0, "servo_slew": 0.0}  # fmt: skip
+MOTION_SCALE = (0.01, 0.01, 0.01)
+"""residual scale of the frame-to-frame motion: forward (m), left (m), yaw (rad)"""
+
+
+class FitNotConverged(GapbridgeError, RuntimeError):
+    """The dynamics fit did not converge; carries the fit for its report."""
+
+    def __init__(self, message: str, fit: DynamicsFit) -> None:
+        super().__init__(message)
+        self.fit = fit
+
+
+@dataclass(frozen=True)
+class DynamicsFitConfig:
+    """The dynamics fit."""
+
+    substeps: int = 4
+    """physics substeps per control step of the fitted model (the loop latency's resolution)"""
+    max_latency_ms: float = 200.0
+    """longest loop (action + camera) latency searched (ms)"""
+    burn_in: int = 6
+    """control steps each window runs before its motions count (forgets the window's unknown servo state)"""
+    window: int = 15
+    """control steps of each window that count"""
+    restarts: int = 2
+    """random starts per candidate latency (their agreement is the convergence check)"""
+    bootstrap: int = 6
+    """bootstrap replicas of the log (the uncertainty)"""
+    top_latencies: int = 3
+    """candidate latencies refitted with the replicas"""
+    adam_iterations: int = 120
+    """Adam iterations over all candidate latencies"""
+    refine_iterations: int = 80
+    """Adam iterations at the best latencies, with the replicas"""
+    adam_lr: float = 0.05
+    """Adam step (logit of the unit-box value)"""
+    cma_generations: int = 30
+    """CMA-ES generations for deadband and slew rate (0 = skip)"""
+    cma_popsize: int = 10
+    """CMA-ES population"""
+    max_residual: float = 1.0
+    """largest accepted root-mean-square motion residual, in units of MOTION_SCALE"""
+    max_restart_spread: float = 0.03
+    """largest accepted disagreement of the restarts (unit-box distance per parameter)"""
+    seed: int = 0
+    """seed of the restarts and the bootstrap draws"""
+
+    def __post_init__(self) -> None:
+        check_range("fit.substeps", self.substeps, 1, 32)
+        check_range("fit.max_latency_ms", self.max_latency_ms, 0.0, 500.0)
+        check_range("fit.burn_in", self.burn_in, 1, 60)
+        check_range("fit.window", self.window, 2, 200)
+        check_range("fit.restarts", self.restarts, 1, 32)
+        check_range("fit.bootstrap", self.bootstrap, 2, 200)
+        check_range("fit.top_latencies", self.top_latencies, 1, 50)
+        check_range("fit.adam_iterations", self.adam_iterations, 1, 10_000)
+        check_range("fit.refine_iterations", self.refine_iterations, 0, 10_000)
+        check_range("fit.cma_generations", self.cma_generations, 0, 10_000)
+        check_range("fit.cma_popsize", self.cma_popsize, 4, 200)
+        check_range("fit.max_residual", self.max_residual, 0.0, 1000.0)
+
+
+@dataclass
+class Windows:
+    """Log windows in one batch: first row `(Nw,)`, measured body velocity at it `(Nw, 3)`, the measured motions
+    that count `(Nw, W, 3)`, the segment of each window `(Nw,)`, and the log's commands (rad, m/s) `(T,)`."""
+
+    start: Tensor
+    init_velocity: Tensor
+    motion: Tensor
+    segment: Tensor
+    steer: Tensor
+    speed: Tensor
+    burn_in: int
+    length: int
+
+
+class SpecView:
+    """A `CarSpec` whose servo and drivetrain time constants are per-env tensors (what `bicycle_step` reads)."""
+
+    def __init__(self, spec: CarSpec, steering_time_constant: Tensor, motor_time_constant: Tensor) -> None:
+        for name in ("wheelbase", "cg_to_front", "cg_to_rear", "mass", "yaw_inertia", "max_steering",
+                     "cornering_stiffness", "max_accel", "max_brake", "max_speed"):  # fmt: skip
+            setattr(self, name, getattr(spec, name))
+        self.steering_time_constant = steering_time_constant
+        self.motor_time_constant = motor_time_constant
+
+
+def frame_motion(before: Tensor, after: Tensor) -> Tensor:
+    """Planar poses `(..., 3)` -> the motion between them `(..., 3)`: forward and left displacement in the first
+    pose's frame and the wrapped yaw change (the planar odometry's convention)."""
+    d = after[..., :2] - before[..., :2]
+    c, s = torch.cos(before[..., 2]), torch.sin(before[..., 2])
+    dyaw = torch.remainder(after[..., 2] - before[..., 2] + math.pi, 2 * math.pi) - math.pi
+    return torch.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1], dyaw], -1)
+
+
+def body_velocity(motion: Tensor, dt: float) -> Tensor:
+    """Frame motions `(..., 3)` -> body-frame speed, lateral speed and yaw rate at mid-interval `(..., 3)`."""
+    c, s = torch.cos(-0.5 * motion[..., 2]), torch.sin(-0.5 * motion[..., 2])
+    vx = c * motion[..., 0] - s * motion[..., 1]
+    vy = s * motion[..., 0] + c * motion[..., 1]
+    return torch.stack([vx, vy, motion[..., 2]], -1) / dt
+
+
+def make_windows(log: DriveLog, valid: np.ndarray, burn_in: int, length: int) -> Windows:
+    """Consecutive windows of `burn_in + length` transitions, each starting where the last one's counted motions
+    began; a window with any invalid transition (`valid` `(T-1,)` False: a dropped frame, an unknown motion) is
+    left out."""
+    motion = torch.as_tensor(np.nan_to_num(log.motion), dtype=torch.float32)
+    dt = float(np.median(np.diff(log.time)))
+    starts, span, n = [], burn_in + length, len(log.motion)
+    for a in range(0, n - span + 1, length):
+        if valid[a : a + span].all() and (a == 0 or valid[a - 1]):
+            starts.append(a)
+    if not starts:
+        raise DegenerateLogError(f"no stretch of {span} consecutive frames without a gap: nothing to fit")
+    start = torch.tensor(starts)
+    init = 0.5 * (body_velocity(motion[(start - 1).clamp(min=0)], dt) + body_velocity(motion[start], dt))
+    counted = torch.stack([motion[a + burn_in : a + span] for a in starts])
+    rows = start + burn_in
+    return Windows(
+        start, init, counted, torch.as_tensor(log.segment[rows.numpy()]),
+        torch.as_tensor(np.radians(log.steering_deg), dtype=torch.float32),
+        torch.as_tensor(log.speed, dtype=torch.float32), burn_in, length,
+    )  # fmt: skip
+
+
+def rollout(values: Tensor, latency: Tensor, win: Windows, spec: CarSpec, substeps: int, dt: float) -> Tensor:
+    """Predicted frame motions `(P, Nw, W, 3)` of every window under P parameter sets `values` `(P, D)` (physical,
+    in `PARAMS` order) with loop latencies `latency` `(P,)` (long, substeps of `dt` seconds)."""
+    p_sets, n_win, steps = values.shape[0], len(win.start), (win.burn_in + win.length) * substeps
+    v = {name: values[:, i] for i, name in enumerate(PARAMS.names)}
+    sub = win.start[None, :, None] * substeps + torch.arange(steps)[None, None, :]  # (1, Nw, M)
+    idx = torch.div(sub - latency[:, None, None], substeps, rounding_mode="floor")  # (P, Nw, M)
+    known = idx >= 0  # before the log: at rest
+    steer = torch.where(known, win.steer[idx.clamp(min=0)], 0.0)
+    speed = torch.where(known, win.speed[idx.clamp(min=0)], 0.0)
+    deadband = torch.deg2rad(v["steering_deadband_deg"])[:, None, None]
+    steer = torch.where(steer.abs() < deadband, torch.zeros_like(steer), steer)
+    exponent = v["throttle_exponent"][:, None, None]
+    speed = spec.max_speed * (speed / spec.max_speed).clamp(min=1e-6) ** exponent
+    steer, speed = steer.flatten(0, 1), speed.flatten(0, 1)  # (N, M), N = P * Nw, set-major
+
+    per_env = {k: t.repeat_interleave(n_win) for k, t in v.items()}
+    ones = torch.ones_like(per_env["motor_gain"])
+    params = CarParams(
+        per_env["friction"], ones, per_env["motor_gain"], per_env["steering_gain"],
+        torch.deg2rad(per_env["steering_offset_deg"]), ones,
+    )  # fmt: skip
+    view = SpecView(spec, per_env["steering_time_constant"], per_env["motor_time_constant"])
+    slew_step = dt / per_env["servo_slew"].clamp(min=1e-4)
+    init = win.init_velocity.repeat(p_sets, 1)
+    zero = torch.zeros_like(ones)
+    servo = steer[:, 0]
+    first_target, _ = actuator_targets(servo, speed[:, 0], params, view)
+    state = CarState(zero, zero, zero, init[:, 0].clamp(min=0.0), init[:, 1], init[:, 2], first_target)
+    poses = [torch.stack([zero, zero, zero], -1)]
+    for m in range(steps):
+        servo = servo + torch.maximum(torch.minimum(steer[:, m] - servo, slew_step), -slew_step)
+        steer_t, speed_t = actuator_targets(servo, speed[:, m], params, view)
+        state = bicycle_step(state, steer_t, speed_t, params, view, dt)
+        if (m + 1) % substeps == 0:
+            poses.append(torch.stack([state.x, state.y, state.yaw], -1))
+    track = torch.stack(poses[win.burn_in :], 1)  # (N, W + 1, 3)
+    pred = frame_motion(track[:, :-1], track[:, 1:])
+    return pred.reshape(p_sets, n_win, win.length, 3)
+
+
+def window_losses(pred: Tensor, win: Windows) -> Tensor:
+    """`(P, Nw)` mean Huber loss of each window's motion residual in units of MOTION_SCALE."""
+    scale = torch.tensor(MOTION_SCALE)
+    return huber((pred - win.motion[None]) / scale, 3.0).sum(-1).mean(-1)
+
+
+@dataclass
+class DynamicsFit:
+    """A fit's result: values and bootstrap spread per parameter (those it identified), the loop latency, the loss
+    over the candidate latencies, residuals, the identifiability flags, and whether it converged (and why not)."""
+
+    values: dict[str, float]
+    spread: dict[str, float]
+    identified: tuple[str, ...]
+    latency_ms: float
+    latency_spread_ms: float
+    latency_profile: dict[float, float]
+    residual: float
+    segment_residuals: dict[str, dict[str, float]]
+    converged: bool
+    reasons: list[str]
+    flags: list[str]
+    seconds: float
+    truth: dict[str, float] | None = None
+    windows: int = 0
+    replicas: list[dict[str, float]] = field(default_factory=list)
+
+
+def _loss(win: Windows, latency: Tensor, weights: Tensor, spec: CarSpec, substeps: int, dt: float):
+    """The batched objective of P sets: unit-box values `(P, D)` -> `(P,)` weighted mean window loss."""
+
+    def loss(unit: Tensor) -> Tensor:
+        pred = rollout(PARAMS.from_unit(unit), latency, win, spec, substeps, dt)
+        return (window_losses(pred, win) * weights).sum(1) / weights.sum(1)
+
+    return loss
+
+
+def _nominal(spec: CarSpec) -> Tensor:
+    nominal = {**NOMINAL, "motor_time_constant": spec.motor_time_constant,
+               "steering_time_constant": spec.steering_time_constant}  # fmt: skip
+    return PARAMS.to_unit(torch.tensor([nominal[n] for n in PARAMS.names]))
+
+
+def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: DynamicsFitConfig) -> DynamicsFit:
+    """Fit the dynamics of `log` (checked by `check_drive`) as the module docstring describes; raises
+    `FitNotConverged` (with the fit) when it does not converge."""
+    t0 = time.time()
+    dt = 1.0 / control_hz / cfg.substeps
+    win = make_windows(log, check.valid, cfg.burn_in, cfg.window)
+    n_win, dim = len(win.start), PARAMS.dim
+    candidates = torch.arange(int(math.floor(cfg.max_latency_ms / 1000.0 / dt + 1e-6)) + 1)
+    free = [name in SMOOTH and (name != "friction" or check.grip) for name in PARAMS.names]
+    free_idx = torch.tensor([i for i, f in enumerate(free) if f])
+    gen = torch.Generator().manual_seed(cfg.seed)
+    nominal = _nominal(spec)
+
+    # 1. Adam at every candidate latency, from the nominal values and random restarts around them.
+    n_lat, n_rst = len(candidates), cfg.restarts
+    init = nominal.repeat(n_lat * n_rst, 1)
+    shake = (torch.rand(n_lat * n_rst, dim, generator=gen) - 0.5) * 0.3
+    shake[::n_rst] = 0.0  # the first start of each latency is the nominal car
+    init[:, free_idx] = (init[:, free_idx] + shake[:, free_idx]).clamp(0.02, 0.98)
+    latency = candidates.repeat_interleave(n_rst)
+    ones = torch.ones(len(latency), n_win)
+    first = adam_fit(_loss(win, latency, ones, spec, cfg.substeps, dt), init, cfg.adam_iterations, cfg.adam_lr, free)
+    profile = first.loss.reshape(n_lat, n_rst).min(1).values
+    top = profile.argsort()[: min(cfg.top_latencies, n_lat)]
+
+    # 2. Adam at the best latencies: the restarts go on, bootstrap replicas start from the best restart.
+    n_boot, n_top = cfg.bootstrap, len(top)
+    sets = n_rst + n_boot
+    weights = torch.cat([torch.ones(n_rst, n_win), block_bootstrap_weights(torch.arange(n_win), n_boot, gen)])
+    units1 = first.unit.reshape(n_lat, n_rst, dim)[top]  # (K, R, D)
+    best1 = first.loss.reshape(n_lat, n_rst)[top].argmin(1)
+    init2 = torch.cat([units1, units1[torch.arange(n_top), best1][:, None].expand(n_top, n_boot, dim)], 1)
+    lat2 = candidates[top].repeat_interleave(sets)
+    w2 = weights.repeat(n_top, 1)
+    second = adam_fit(_loss(win, lat2, w2, spec, cfg.substeps, dt), init2.reshape(-1, dim),
+                      max(1, cfg.refine_iterations), cfg.adam_lr, free)  # fmt: skip
+    loss2, unit2 = second.loss.reshape(n_top, sets), second.unit.reshape(n_top, sets, dim)
+    k_best = int(loss2[:, :n_rst].min(1).values.argmin())
+    restarts = unit2[k_best, :n_rst]
+    fit_unit = restarts[loss2[k_best, :n_rst].argmin()]
+    k_boot = loss2[:, n_rst:].argmin(0)  # each replica's own latency
+    boot_unit = unit2[k_boot, n_rst + torch.arange(n_boot)]
+    boot_lat = candidates[top][k_boot]
+
+    # 3. CMA-ES over the thresholds (deadband, slew rate) with the smooth parameters, one instance per replica.
+    cma_names = [n for n, f in zip(PARAMS.names, free, strict=True) if f]
+    thresholds = [n for n, ok in (("steering_deadband_deg", check.deadband), ("servo_slew", check.slew)) if ok]
+    if cfg.cma_generations > 0 and thresholds:
+        cma_names += thresholds
+        cma_idx = torch.tensor([PARAMS.index(n) for n in cma_names])
+        base = torch.cat([fit_unit[None], boot_unit])  # (K, D)
+        lat_k = torch.cat([candidates[top][k_best][None], boot_lat])
+        w_k = torch.cat([torch.ones(1, n_win), weights[n_rst:]])
+
+        def cma_loss(x: Tensor) -> Tensor:  # (K, pop, d) -> (K, pop)
+            k, pop, _ = x.shape
+            unit = base[:, None].expand(k, pop, dim).clone()
+            unit[..., cma_idx] = x
+            objective = _loss(win, lat_k.repeat_interleave(pop), w_k.repeat_interleave(pop, 0), spec,
+                              cfg.substeps, dt)  # fmt: skip
+            return objective(unit.reshape(-1, dim)).reshape(k, pop)
+
+        stds = [5.0 if n in thresholds else 1.0 for n in cma_names]  # the thresholds start from none at all
+        result = cma_fit(cma_loss, base[:, cma_idx].numpy(), 0.03, cfg.cma_generations, cfg.cma_popsize, cfg.seed,
+                         stds=stds)  # fmt: skip
+        tuned = base.clone()
+        tuned[:, cma_idx] = torch.as_tensor(result.unit, dtype=torch.float32)
+        with torch.no_grad():
+            before = cma_loss(base[:, cma_idx][:, None]).squeeze(1)
+        keep = torch.as_tensor(result.loss, dtype=torch.float32) < before  # CMA-ES never makes a point worse
+        tuned = torch.where(keep[:, None], tuned, base)
+        fit_unit, boot_unit = tuned[0], tuned[1:]
+
+    names = [n for n in PARAMS.names if n in cma_names or (n in SMOOTH and free[PARAMS.index(n)])]
+    phys, boot = PARAMS.from_unit(fit_unit), PARAMS.from_unit(boot_unit)
+    values = {n: float(phys[i]) for i, n in enumerate(PARAMS.names)}
+    spread = {n: float(boot[:, PARAMS.index(n)].std()) for n in names}
+    lat_ms = float(candidates[top][k_best]) * dt * 1000.0
+    lat_spread = float((boot_lat.float() * dt * 1000.0).std())
+
+    reasons = []
+    disagree = (restarts[:, free_idx].max(0).values - restarts[:, free_idx].min(0).values).max() if n_rst > 1 else 0
+    if float(disagree) > cfg.max_restart_spread:
+        worst = PARAMS.names[int(free_idx[(restarts[:, free_idx].max(0).values
+                                           - restarts[:, free_idx].min(0).values).argmax()])]  # fmt: skip
+        reasons.append(f"the restarts disagree on {worst} by {float(disagree):.3f} of its search box")
+    if int(candidates[top][k_best]) == int(candidates[-1]) and len(candidates) > 1:
+        reasons.append(f"the loop latency sits at the edge of the search ({lat_ms:.0f} ms): raise --fit.max-latency-ms")
+    residual, segments = residuals(log, win, fit_unit, candidates[top][k_best], spec, cfg.substeps, dt)
+    if residual > cfg.max_residual:
+        reasons.append(f"residual {residual:.3f} (motion rms in units of {MOTION_SCALE}) above --fit.max-residual "
+                       f"{cfg.max_residual}")  # fmt: skip
+    replicas = [{**{n: float(b[PARAMS.index(n)]) for n in names}, "loop_latency_ms": float(lt) * dt * 1000.0}
+                for b, lt in zip(boot, boot_lat, strict=True)]  # fmt: skip
+    fit = DynamicsFit(
+        values, spread, tuple(names), lat_ms, lat_spread,
+        {round(float(c) * dt * 1000.0, 3): float(v) for c, v in zip(candidates, profile, strict=True)},
+        residual, segments, not reasons, reasons, list(check.flags), time.time() - t0, log.truth, n_win, replicas,
+    )  # fmt: skip
+    if reasons:
+        raise FitNotConverged("the dynamics fit did not converge: " + "; ".join(reasons), fit)
+    return fit
+
+
+@torch.no_grad()
+def residuals(
+    log: DriveLog, win: Windows, unit: Tensor, latency: Tensor, spec: CarSpec, substeps: int, dt: float
+) -> tuple[float, dict[str, dict[str, float]]]:
+    """The fit's root-mean-square motion residual (in units of MOTION_SCALE) and, per protocol segment, the rms
+    forward and lateral residual (mm per frame) and yaw residual (mrad per frame)."""
+    pred = rollout(PARAMS.from_unit(unit[None]), latency.reshape(1), win, spec, substeps, dt)[0]  # (Nw, W, 3)
+    res = pred - win.motion
+    total = float(((res / torch.tensor(MOTION_SCALE)).square().mean()).sqrt())
+    out = {}
+    for s in torch.unique(win.segment).tolist():
+        r = res[win.segment == s]
+        rms = r.square().mean((0, 1)).sqrt()
+        out[log.segment_names[s]] = {"forward_mm": 1000 * float(rms[0]), "lateral_mm": 1000 * float(rms[1]),
+                                     "yaw_mrad": 1000 * float(rms[2]), "windows": int(len(r))}  # fmt: skip
+    return total, out
+
+
+def servo_rate_dps(slew: float) -> float:
+    """Inverse slew (s per rad) -> the effects' servo rate (degrees/s; 0 = unlimited)."""
+    return 0.0 if slew < 1e-3 else math.degrees(1.0 / slew)
