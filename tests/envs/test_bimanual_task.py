@@ -146,6 +146,26 @@ def test_observation_groups_and_a_masked_reset_touches_only_its_envs(env):
 
 
 @pytest.mark.genesis
+def test_an_exploding_env_is_reset_and_counted_and_a_saved_state_loads_back(env):
+    env.reset()
+    for _ in range(2):
+        env.step(torch.zeros(N, 10))
+    saved = env.state_dict()
+    before = env.error_count
+    velocity = torch.zeros(1, 6)
+    velocity[0, 2] = 10.0 * env.cfg.error_speed  # the bar shot upward: an exploded simulation in env 2 only
+    env.bs.object.set_dofs_velocity(velocity, envs_idx=torch.tensor([2]))
+    _, rewards, dones, extras = env.step(torch.zeros(N, 10))
+    assert extras["error_envs"].tolist() == [False, False, True, False] and dones[2] and rewards[2] == 0.0
+    assert env.error_count == before + 1 and extras["log"]["error_resets"].item() == 1.0
+    assert env.episode_length_buf[2] == 0 and env.episode_length_buf[0] == 3
+    env.load_state_dict(saved)
+    again = env.state_dict()
+    for name in ("arm_qpos", "object_qpos", "target_pos", "mass", "gain", "episode_length_buf"):
+        assert torch.allclose(again[name].float(), saved[name].float(), atol=1e-5), name
+
+
+@pytest.mark.genesis
 def test_the_scripted_expert_lifts_the_bar_at_nominal_settings(env):
     from envs.bimanual.env import nominal
     from envs.bimanual.expert import ScriptedExpert
