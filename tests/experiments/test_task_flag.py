@@ -62,7 +62,9 @@ def test_every_script_documents_task_and_refuses_an_unknown_one_in_one_line():
         for case in ("help", "preset"):
             code, out, err = results[f"{module} {case}"]
             assert code == 0, f"{module} {case}: {err[-2000:]}"
-            assert "--task NAME" in out and "known tasks: bimanual-lift, racing" in out, f"{module} {case}: {out[:2000]}"
+            assert "--task NAME" in out and "known tasks: bimanual-lift, racing" in out, (
+                f"{module} {case}: {out[:2000]}"
+            )
         code, out, err = results[f"{module} nonsense"]
         assert code == 2 and "Traceback" not in err, f"{module}: {err[-2000:]}"
         assert err.strip().splitlines() == ["error: unknown task 'nonsense'; known tasks: bimanual-lift, racing"], err
