@@ -3,10 +3,15 @@
     python -m experiments.run_car sim --export outputs/export              # closed loop in the training sim
     python -m experiments.run_car camera --export /opt/carfile --device 0  # a real camera (OpenCV)
     python -m experiments.run_car log --export outputs/export --log-in outputs/real_log.h5
+    python -m experiments.run_car proxy --protocol calibration --reality.physics bicycle  # the calibration drive
 
 Every step (frame, command, estimates, timing, late frames, stops) goes to an HDF5 real log that `datasets/`
 reads back; the run's summary (laps, off-tracks, step counts) is printed and written beside it (`<log>.json`). The
 runtime reads only ONNX / OpenVINO IR / JSON and opens no network port.
+
+`--protocol calibration` drives the dynamics calibration's scripted command sequence instead of a student (source
+sim: the training sim's dynamics; source proxy: the reality proxy's) on an open floor, into the same log format, with
+the true camera poses and parameters flagged in it (`experiments.calibrate dynamics --log` fits it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
 from envs.racing.deploy import Command
 from envs.racing.env import RacingEnv
+from envs.racing.reality import RealityConfig
 from experiments.cli import run
 from student.deploy import LoopConfig, StudentRuntime, drive
 
@@ -36,8 +42,15 @@ class RunCarConfig:
 
     export: str = "outputs/export"
     """export folder (from experiments.export_student, or an unpacked carfile.tar.gz)"""
-    source: Literal["sim", "camera", "log"] = "sim"
-    """where frames come from"""
+    source: Literal["sim", "camera", "log", "proxy"] = "sim"
+    """where frames come from (proxy: the reality proxy, with --protocol only)"""
+    protocol: Literal["", "calibration"] = ""
+    """drive a scripted protocol instead of the student (source sim or proxy): calibration = the dynamics
+    calibration drive"""
+    reality: RealityConfig = field(default_factory=RealityConfig)
+    """source proxy: the reality proxy whose dynamics drive the protocol"""
+    seed: int = 0
+    """--protocol: seed of the car's parameters"""
     backend: Literal["onnx", "openvino"] = "onnx"
     """inference runtime"""
     threads: int = 1
@@ -126,8 +139,35 @@ def drive_torch(checkpoint: str, env_cfg: EnvConfig, steps: int) -> dict:
     return {"laps": car.laps, "offtrack": car.offtrack, "lap_times": car.lap_times, "steps": steps}
 
 
+def drive_protocol_log(cfg: RunCarConfig, console) -> dict:
+    """The scripted protocol in the sim's or the proxy's dynamics, written as a real log (no student)."""
+    from datasets.drive_log import write_scripted_log
+    from envs.racing.calibration_drive import calibration_protocol, drive_protocol
+    from envs.racing.reality import reality_env_config
+
+    if cfg.source not in ("sim", "proxy") or not cfg.protocol:
+        raise ConfigError(f"source {cfg.source} with --protocol {cfg.protocol!r}: a protocol drives in the sim or "
+                          "the proxy, and the proxy drives a protocol only (--protocol calibration)")  # fmt: skip
+    env = cfg.sim if cfg.source == "sim" else reality_env_config(cfg.sim, cfg.reality, part="dynamics")
+    env = replace(env, randomization=replace(env.randomization, action_noise=False))
+    protocol = calibration_protocol(env.control_hz)
+    drive = drive_protocol(env, protocol, seed=cfg.seed)
+    write_scripted_log(
+        cfg.log_out, drive.time, drive.steering_deg, drive.speed, [(r, name) for r, name, _ in protocol.segments],
+        true_pose=drive.camera_pose, truth=drive.truth, attrs={"protocol": cfg.protocol, "drive": cfg.source},
+    )  # fmt: skip
+    summary = {"source": cfg.source, "protocol": cfg.protocol, "seconds": protocol.seconds,
+               "segments": [{"row": r, "name": n, "instruction": text} for r, n, text in protocol.segments],
+               "truth": drive.truth, "log": str(Path(cfg.log_out).resolve())}  # fmt: skip
+    console.print(json.dumps(summary, indent=2))
+    write_text_atomic(Path(cfg.log_out).with_suffix(".json"), json.dumps(summary, indent=2))
+    return summary
+
+
 def main(cfg: RunCarConfig) -> dict:
     console = make_console()
+    if cfg.protocol or cfg.source == "proxy":
+        return drive_protocol_log(cfg, console)
     runtime = StudentRuntime(
         cfg.export, cfg.backend, cfg.threads, calibration=cfg.calibration, max_speed_percent=cfg.max_speed_percent
     )
@@ -168,7 +208,9 @@ PRESETS = {
     "sim": ("closed loop in the sim", RunCarConfig()),
     "camera": ("a camera device through OpenCV", RunCarConfig(source="camera", loop=LoopConfig())),
     "log": ("replay a recorded log", RunCarConfig(source="log", loop=LoopConfig())),
-}
+    "proxy": ("a scripted protocol in the reality proxy's dynamics (--protocol calibration)",
+              RunCarConfig(source="proxy", protocol="calibration", log_out="outputs/calibration_drive.h5")),
+}  # fmt: skip
 
 if __name__ == "__main__":
     run(main, {"racing": PRESETS}, description=__doc__)

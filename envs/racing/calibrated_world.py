@@ -36,6 +36,9 @@ def calibrated_sections(
         rnd |= {"friction": True, "friction_range": around("friction", 0.02)}
     else:
         notes.append("friction not identified: its randomization range is left as it was")
+    sag = v.get("battery_sag_per_minute", 0.0)
+    if "battery_sag_per_minute" in fit.identified and sag > 0.005:
+        notes.append(f"the battery sagged {sag:.3f} of the speed gain per minute: motor_gain is the full battery's")
     car = {"motor_time_constant": round(v["motor_time_constant"], 4),
            "steering_time_constant": round(v["steering_time_constant"], 4)}  # fmt: skip
     effects = {

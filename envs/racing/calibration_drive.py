@@ -76,11 +76,12 @@ def calibration_protocol(control_hz: float = 15.0) -> Protocol:
             hold(2.0, 0.0, v)
             hold(1.5, 0.0, 0.0)
         if tag == "accelerations":
-            segment("small-steering", "straight at 1.2 m/s, steering 0, ±0.5, ±1, ±2, ±3 degrees for 0.8 s each")
+            segment("small-steering", "straight at 1.2 m/s, steering 0, ±0.25, ±0.5, ±0.75, ±1, ±1.5, ±2, ±3 degrees "
+                    "for 0.6 s each")  # fmt: skip
             hold(1.0, 0.0, 1.2)
-            for a in (0.5, 1.0, 2.0, 3.0):
-                hold(0.8, a, 1.2)
-                hold(0.8, -a, 1.2)
+            for a in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0):
+                hold(0.6, a, 1.2)
+                hold(0.6, -a, 1.2)
             hold(0.8, 0.0, 1.2)
             hold(1.0, 0.0, 0.0)
             for steer_deg, v, name in ((15.0, 1.0, "circles-slow"), (30.0, 1.5, "circles-tight"),

@@ -40,16 +40,19 @@ from envs.racing.physics_bicycle import CarParams, CarState, actuator_targets, b
 
 PARAMS = ParamBox(
     names=("motor_gain", "motor_time_constant", "throttle_exponent", "steering_gain", "steering_offset_deg",
-           "steering_time_constant", "friction", "steering_deadband_deg", "servo_slew"),
-    low=(0.5, 0.03, 0.5, 0.5, -8.0, 0.01, 0.3, 0.0, 0.0),
-    high=(1.5, 0.8, 2.0, 1.5, 8.0, 0.3, 2.0, 4.0, 0.5),
+           "steering_time_constant", "friction", "servo_slew", "battery_sag_per_minute", "steering_deadband_deg"),
+    low=(0.5, 0.03, 0.5, 0.5, -8.0, 0.01, 0.3, 0.0, 0.0, 0.0),
+    high=(1.5, 0.8, 2.0, 1.5, 8.0, 0.3, 2.0, 0.5, 0.2, 4.0),
 )  # fmt: skip
 """fitted parameters and their search boxes; `servo_slew` is the inverse slew rate (s per rad of command, 0 =
-unlimited)"""
+unlimited; its gradient is zero where the servo keeps up, so the fit starts it at SLEW_START), the battery sag is the
+motor gain lost per minute of the log"""
 SMOOTH = ("motor_gain", "motor_time_constant", "throttle_exponent", "steering_gain", "steering_offset_deg",
-          "steering_time_constant", "friction")  # fmt: skip
+          "steering_time_constant", "friction", "servo_slew", "battery_sag_per_minute")  # fmt: skip
 NOMINAL = {"motor_gain": 1.0, "throttle_exponent": 1.0, "steering_gain": 1.0, "steering_offset_deg": 0.0,
-           "friction": 1.0, "steering_deadband_deg": 0.0, "servo_slew": 0.0}  # fmt: skip
+           "friction": 1.0, "steering_deadband_deg": 0.0, "servo_slew": 0.0, "battery_sag_per_minute": 0.0}  # fmt: skip
+SLEW_START = 0.1
+"""inverse slew rate (s/rad) the fit starts from when the log identifies it (a servo that limits the big steps)"""
 MOTION_SCALE = (0.01, 0.01, 0.01)
 """residual scale of the frame-to-frame motion: forward (m), left (m), yaw (rad)"""
 
@@ -202,6 +205,8 @@ def rollout(values: Tensor, latency: Tensor, win: Windows, spec: CarSpec, subste
     )  # fmt: skip
     view = SpecView(spec, per_env["steering_time_constant"], per_env["motor_time_constant"])
     slew_step = dt / per_env["servo_slew"].clamp(min=1e-4)
+    minutes = idx.clamp(min=0).to(values.dtype) * (dt * substeps / 60.0)  # (P, Nw, M) the command's log time
+    speed = speed * (1.0 - v["battery_sag_per_minute"][:, None, None] * minutes).flatten(0, 1)
     init = win.init_velocity.repeat(p_sets, 1)
     zero = torch.zeros_like(ones)
     servo = steer[:, 0]
@@ -257,9 +262,10 @@ def _loss(win: Windows, latency: Tensor, weights: Tensor, spec: CarSpec, substep
     return loss
 
 
-def _nominal(spec: CarSpec) -> Tensor:
+def _nominal(spec: CarSpec, slew: bool) -> Tensor:
     nominal = {**NOMINAL, "motor_time_constant": spec.motor_time_constant,
-               "steering_time_constant": spec.steering_time_constant}  # fmt: skip
+               "steering_time_constant": spec.steering_time_constant,
+               "servo_slew": SLEW_START if slew else 0.0}  # fmt: skip
     return PARAMS.to_unit(torch.tensor([nominal[n] for n in PARAMS.names]))
 
 
@@ -271,10 +277,11 @@ def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: Dy
     win = make_windows(log, check.valid, cfg.burn_in, cfg.window)
     n_win, dim = len(win.start), PARAMS.dim
     candidates = torch.arange(int(math.floor(cfg.max_latency_ms / 1000.0 / dt + 1e-6)) + 1)
-    free = [name in SMOOTH and (name != "friction" or check.grip) for name in PARAMS.names]
+    free = [name in SMOOTH and (name != "friction" or check.grip) and (name != "servo_slew" or check.slew)
+            for name in PARAMS.names]  # fmt: skip
     free_idx = torch.tensor([i for i, f in enumerate(free) if f])
     gen = torch.Generator().manual_seed(cfg.seed)
-    nominal = _nominal(spec)
+    nominal = _nominal(spec, check.slew)
 
     # 1. Adam at every candidate latency, from the nominal values and random restarts around them.
     n_lat, n_rst = len(candidates), cfg.restarts
@@ -307,11 +314,13 @@ def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: Dy
     boot_unit = unit2[k_boot, n_rst + torch.arange(n_boot)]
     boot_lat = candidates[top][k_boot]
 
-    # 3. CMA-ES over the thresholds (deadband, slew rate) with the smooth parameters, one instance per replica.
-    cma_names = [n for n, f in zip(PARAMS.names, free, strict=True) if f]
-    thresholds = [n for n, ok in (("steering_deadband_deg", check.deadband), ("servo_slew", check.slew)) if ok]
+    # 3. CMA-ES over the deadband (no gradient) with the smooth parameters, one instance per replica.
+    # The deadband moves with what it trades against (trim, steering gain); perturbing the others as well would
+    # drown its small share of the loss.
+    thresholds = ["steering_deadband_deg"] if check.deadband else []
+    cma_names = []
     if cfg.cma_generations > 0 and thresholds:
-        cma_names += thresholds
+        cma_names = [*thresholds, "steering_offset_deg", "steering_gain"]
         cma_idx = torch.tensor([PARAMS.index(n) for n in cma_names])
         base = torch.cat([fit_unit[None], boot_unit])  # (K, D)
         lat_k = torch.cat([candidates[top][k_best][None], boot_lat])
@@ -325,7 +334,7 @@ def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: Dy
                               cfg.substeps, dt)  # fmt: skip
             return objective(unit.reshape(-1, dim)).reshape(k, pop)
 
-        stds = [5.0 if n in thresholds else 1.0 for n in cma_names]  # the thresholds start from none at all
+        stds = [5.0 if n in thresholds else 0.3 for n in cma_names]  # the deadband starts from none at all
         result = cma_fit(cma_loss, base[:, cma_idx].numpy(), 0.03, cfg.cma_generations, cfg.cma_popsize, cfg.seed,
                          stds=stds)  # fmt: skip
         tuned = base.clone()
@@ -336,7 +345,7 @@ def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: Dy
         tuned = torch.where(keep[:, None], tuned, base)
         fit_unit, boot_unit = tuned[0], tuned[1:]
 
-    names = [n for n in PARAMS.names if n in cma_names or (n in SMOOTH and free[PARAMS.index(n)])]
+    names = [n for n in PARAMS.names if n in thresholds[: len(cma_names)] or free[PARAMS.index(n)]]
     phys, boot = PARAMS.from_unit(fit_unit), PARAMS.from_unit(boot_unit)
     values = {n: float(phys[i]) for i, n in enumerate(PARAMS.names)}
     spread = {n: float(boot[:, PARAMS.index(n)].std()) for n in names}
@@ -386,5 +395,7 @@ def residuals(
 
 
 def servo_rate_dps(slew: float) -> float:
-    """Inverse slew (s per rad) -> the effects' servo rate (degrees/s; 0 = unlimited)."""
-    return 0.0 if slew < 1e-3 else math.degrees(1.0 / slew)
+    """Inverse slew (s per rad) -> the effects' servo rate (degrees/s; 0 = unlimited: above 2000 degrees/s the servo
+    crosses its whole range within a substep)."""
+    rate = math.degrees(1.0 / max(slew, 1e-6))
+    return 0.0 if rate > 2000.0 else rate
