@@ -33,6 +33,7 @@ from envs.racing.dynamics_calibration import (
     window_losses,
 )
 from envs.racing.randomization import RandomizationConfig
+from envs.racing.reality import RealityConfig, reality_env_config
 from experiments import cli
 
 HZ = 15.0
@@ -164,6 +165,22 @@ def test_fit_recovers_a_generated_drive(sim_log):
     assert fit.values["steering_gain"] == pytest.approx(t["steering_gain"], rel=0.05)
     assert abs(fit.values["steering_offset_deg"] - t["steering_offset_deg"]) <= 0.5
     assert set(fit.spread) == set(fit.identified) and "friction" in fit.identified
+
+
+def test_fit_recovers_a_proxy_drive():
+    """The reality proxy's dynamics (its actuation effects: deadband, slew rate, throttle map, latency jitter, trim,
+    battery sag) on the bicycle car, at its finer physics step."""
+    env = reality_env_config(EnvConfig(num_envs=1), RealityConfig(physics="bicycle"), part="dynamics")
+    log = drive_log(replace(env, randomization=replace(env.randomization, action_noise=False)), seed=1)
+    cfg = DynamicsFitConfig(max_latency_ms=150.0, bootstrap=3, adam_iterations=60, refine_iterations=40,
+                            cma_generations=10, top_latencies=2)  # fmt: skip
+    fit = fit_dynamics(log, check_drive(log, HZ), CarSpec(), HZ, cfg)
+    t = log.truth
+    assert abs(fit.latency_ms - t["loop_latency_ms"]) <= 15.0
+    assert fit.values["motor_gain"] == pytest.approx(t["motor_gain"], rel=0.05)
+    assert fit.values["steering_gain"] == pytest.approx(t["steering_gain"], rel=0.05)
+    assert abs(fit.values["steering_offset_deg"] - t["steering_offset_deg"]) <= 0.5
+    assert fit.values["throttle_exponent"] == pytest.approx(t["throttle_exponent"], abs=0.1)
 
 
 def degenerate(log: DriveLog, **changes) -> DriveLog:
