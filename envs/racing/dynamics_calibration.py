@@ -12,11 +12,12 @@ What enters the comparison is the loop latency: the frames lag the car by the ca
 commands by the action latency, so a log of commands and frames shows their sum only. The fit:
 
 1. Adam through the rollout (torch autograd) for the smooth parameters (gains, trim, throttle exponent, the two
-   lags, grip where the drive reaches it), at every candidate loop latency at once, from a few random restarts;
+   lags, the servo slew rate, battery sag, grip where the drive reaches it), at every candidate loop latency at once,
+   from a few random restarts;
 2. Adam again at the best few latencies, with bootstrap replicas of the log (windows drawn with replacement) beside
    the full log, so each replica picks its own latency and parameters;
-3. CMA-ES (`cma`) for what has no useful gradient (steering deadband, servo slew rate) together with the smooth
-   parameters, one instance per replica, all instances' candidates in one batched rollout.
+3. CMA-ES (`cma`) for what has no gradient (the steering deadband) together with what it trades against (trim,
+   steering gain), one instance per replica, all instances' candidates in one batched rollout.
 
 Each parameter's uncertainty is its spread over the replicas. The fit is refused as unconverged when the restarts
 disagree, the latency sits at the edge of the search, or the residual stays above `max_residual`.
@@ -269,111 +270,143 @@ def _nominal(spec: CarSpec, slew: bool) -> Tensor:
     return PARAMS.to_unit(torch.tensor([nominal[n] for n in PARAMS.names]))
 
 
+@dataclass
+class _Problem:
+    """What every stage of a fit shares: the windows, the model's timing, the free parameters, the latencies."""
+
+    win: Windows
+    spec: CarSpec
+    substeps: int
+    dt: float
+    free: list[bool]
+    candidates: Tensor  # loop latencies searched (substeps)
+
+    @property
+    def free_idx(self) -> Tensor:
+        return torch.tensor([i for i, f in enumerate(self.free) if f])
+
+    def loss(self, latency: Tensor, weights: Tensor):
+        return _loss(self.win, latency, weights, self.spec, self.substeps, self.dt)
+
+
+def _search_latencies(pb: _Problem, cfg: DynamicsFitConfig, nominal: Tensor, gen: torch.Generator):
+    """Stage 1: Adam at every candidate latency from the nominal car and random restarts around it; the restarts'
+    best loss per latency `(L,)` and the result."""
+    n_lat, n_rst, dim, free_idx = len(pb.candidates), cfg.restarts, PARAMS.dim, pb.free_idx
+    init = nominal.repeat(n_lat * n_rst, 1)
+    shake = (torch.rand(n_lat * n_rst, dim, generator=gen) - 0.5) * 0.3
+    shake[::n_rst] = 0.0  # the first start of each latency is the nominal car
+    init[:, free_idx] = (init[:, free_idx] + shake[:, free_idx]).clamp(0.02, 0.98)
+    latency = pb.candidates.repeat_interleave(n_rst)
+    ones = torch.ones(len(latency), len(pb.win.start))
+    first = adam_fit(pb.loss(latency, ones), init, cfg.adam_iterations, cfg.adam_lr, pb.free)
+    return first.loss.reshape(n_lat, n_rst).min(1).values, first
+
+
+def _refine(pb: _Problem, cfg: DynamicsFitConfig, first, top: Tensor, gen: torch.Generator) -> dict:
+    """Stage 2: Adam at the `top` latencies, the restarts going on and bootstrap replicas starting from the best
+    restart; the full log's fit, its restarts, each replica's fit at its own best latency and the replica weights."""
+    n_rst, n_boot, n_top, dim, n_win = cfg.restarts, cfg.bootstrap, len(top), PARAMS.dim, len(pb.win.start)
+    sets = n_rst + n_boot
+    weights = torch.cat([torch.ones(n_rst, n_win), block_bootstrap_weights(torch.arange(n_win), n_boot, gen)])
+    units1 = first.unit.reshape(len(pb.candidates), n_rst, dim)[top]  # (K, R, D)
+    best1 = first.loss.reshape(len(pb.candidates), n_rst)[top].argmin(1)
+    init = torch.cat([units1, units1[torch.arange(n_top), best1][:, None].expand(n_top, n_boot, dim)], 1)
+    latency = pb.candidates[top].repeat_interleave(sets)
+    second = adam_fit(pb.loss(latency, weights.repeat(n_top, 1)), init.reshape(-1, dim),
+                      max(1, cfg.refine_iterations), cfg.adam_lr, pb.free)  # fmt: skip
+    loss, unit = second.loss.reshape(n_top, sets), second.unit.reshape(n_top, sets, dim)
+    k_best = int(loss[:, :n_rst].min(1).values.argmin())
+    restarts = unit[k_best, :n_rst]
+    k_boot = loss[:, n_rst:].argmin(0)  # each replica's own latency
+    return {
+        "fit": restarts[loss[k_best, :n_rst].argmin()], "restarts": restarts, "latency": pb.candidates[top][k_best],
+        "boot": unit[k_boot, n_rst + torch.arange(n_boot)], "boot_latency": pb.candidates[top][k_boot],
+        "boot_weights": weights[n_rst:],
+    }  # fmt: skip
+
+
+def _tune_deadband(pb: _Problem, cfg: DynamicsFitConfig, stage: dict) -> tuple[Tensor, Tensor]:
+    """Stage 3: CMA-ES over the deadband (no gradient) with what it trades against (trim, steering gain), one
+    instance per replica and one for the full log; perturbing the other parameters as well would drown its small
+    share of the loss. A point CMA-ES does not improve stays as it was."""
+    names = ["steering_deadband_deg", "steering_offset_deg", "steering_gain"]
+    idx, dim, n_win = torch.tensor([PARAMS.index(n) for n in names]), PARAMS.dim, len(pb.win.start)
+    base = torch.cat([stage["fit"][None], stage["boot"]])  # (K, D)
+    latency = torch.cat([stage["latency"][None], stage["boot_latency"]])
+    weights = torch.cat([torch.ones(1, n_win), stage["boot_weights"]])
+
+    def loss(x: Tensor) -> Tensor:  # (K, pop, d) -> (K, pop)
+        k, pop, _ = x.shape
+        unit = base[:, None].expand(k, pop, dim).clone()
+        unit[..., idx] = x
+        objective = pb.loss(latency.repeat_interleave(pop), weights.repeat_interleave(pop, 0))
+        return objective(unit.reshape(-1, dim)).reshape(k, pop)
+
+    stds = [5.0, 0.3, 0.3]  # the deadband starts from none at all
+    result = cma_fit(loss, base[:, idx].numpy(), 0.03, cfg.cma_generations, cfg.cma_popsize, cfg.seed, stds=stds)
+    tuned = base.clone()
+    tuned[:, idx] = torch.as_tensor(result.unit, dtype=torch.float32)
+    with torch.no_grad():
+        before = loss(base[:, idx][:, None]).squeeze(1)
+    keep = torch.as_tensor(result.loss, dtype=torch.float32) < before
+    tuned = torch.where(keep[:, None], tuned, base)
+    return tuned[0], tuned[1:]
+
+
 def fit_dynamics(log: DriveLog, check, spec: CarSpec, control_hz: float, cfg: DynamicsFitConfig) -> DynamicsFit:
     """Fit the dynamics of `log` (checked by `check_drive`) as the module docstring describes; raises
     `FitNotConverged` (with the fit) when it does not converge."""
     t0 = time.time()
     dt = 1.0 / control_hz / cfg.substeps
-    win = make_windows(log, check.valid, cfg.burn_in, cfg.window)
-    n_win, dim = len(win.start), PARAMS.dim
-    candidates = torch.arange(int(math.floor(cfg.max_latency_ms / 1000.0 / dt + 1e-6)) + 1)
     free = [name in SMOOTH and (name != "friction" or check.grip) and (name != "servo_slew" or check.slew)
             for name in PARAMS.names]  # fmt: skip
-    free_idx = torch.tensor([i for i, f in enumerate(free) if f])
+    candidates = torch.arange(int(math.floor(cfg.max_latency_ms / 1000.0 / dt + 1e-6)) + 1)
+    win = make_windows(log, check.valid, cfg.burn_in, cfg.window)
+    pb = _Problem(win, spec, cfg.substeps, dt, free, candidates)
     gen = torch.Generator().manual_seed(cfg.seed)
-    nominal = _nominal(spec, check.slew)
+    profile, first = _search_latencies(pb, cfg, _nominal(spec, check.slew), gen)
+    top = profile.argsort()[: min(cfg.top_latencies, len(candidates))]
+    stage = _refine(pb, cfg, first, top, gen)
+    fit_unit, boot_unit = stage["fit"], stage["boot"]
+    deadband = cfg.cma_generations > 0 and check.deadband
+    if deadband:
+        fit_unit, boot_unit = _tune_deadband(pb, cfg, stage)
 
-    # 1. Adam at every candidate latency, from the nominal values and random restarts around them.
-    n_lat, n_rst = len(candidates), cfg.restarts
-    init = nominal.repeat(n_lat * n_rst, 1)
-    shake = (torch.rand(n_lat * n_rst, dim, generator=gen) - 0.5) * 0.3
-    shake[::n_rst] = 0.0  # the first start of each latency is the nominal car
-    init[:, free_idx] = (init[:, free_idx] + shake[:, free_idx]).clamp(0.02, 0.98)
-    latency = candidates.repeat_interleave(n_rst)
-    ones = torch.ones(len(latency), n_win)
-    first = adam_fit(_loss(win, latency, ones, spec, cfg.substeps, dt), init, cfg.adam_iterations, cfg.adam_lr, free)
-    profile = first.loss.reshape(n_lat, n_rst).min(1).values
-    top = profile.argsort()[: min(cfg.top_latencies, n_lat)]
-
-    # 2. Adam at the best latencies: the restarts go on, bootstrap replicas start from the best restart.
-    n_boot, n_top = cfg.bootstrap, len(top)
-    sets = n_rst + n_boot
-    weights = torch.cat([torch.ones(n_rst, n_win), block_bootstrap_weights(torch.arange(n_win), n_boot, gen)])
-    units1 = first.unit.reshape(n_lat, n_rst, dim)[top]  # (K, R, D)
-    best1 = first.loss.reshape(n_lat, n_rst)[top].argmin(1)
-    init2 = torch.cat([units1, units1[torch.arange(n_top), best1][:, None].expand(n_top, n_boot, dim)], 1)
-    lat2 = candidates[top].repeat_interleave(sets)
-    w2 = weights.repeat(n_top, 1)
-    second = adam_fit(_loss(win, lat2, w2, spec, cfg.substeps, dt), init2.reshape(-1, dim),
-                      max(1, cfg.refine_iterations), cfg.adam_lr, free)  # fmt: skip
-    loss2, unit2 = second.loss.reshape(n_top, sets), second.unit.reshape(n_top, sets, dim)
-    k_best = int(loss2[:, :n_rst].min(1).values.argmin())
-    restarts = unit2[k_best, :n_rst]
-    fit_unit = restarts[loss2[k_best, :n_rst].argmin()]
-    k_boot = loss2[:, n_rst:].argmin(0)  # each replica's own latency
-    boot_unit = unit2[k_boot, n_rst + torch.arange(n_boot)]
-    boot_lat = candidates[top][k_boot]
-
-    # 3. CMA-ES over the deadband (no gradient) with the smooth parameters, one instance per replica.
-    # The deadband moves with what it trades against (trim, steering gain); perturbing the others as well would
-    # drown its small share of the loss.
-    thresholds = ["steering_deadband_deg"] if check.deadband else []
-    cma_names = []
-    if cfg.cma_generations > 0 and thresholds:
-        cma_names = [*thresholds, "steering_offset_deg", "steering_gain"]
-        cma_idx = torch.tensor([PARAMS.index(n) for n in cma_names])
-        base = torch.cat([fit_unit[None], boot_unit])  # (K, D)
-        lat_k = torch.cat([candidates[top][k_best][None], boot_lat])
-        w_k = torch.cat([torch.ones(1, n_win), weights[n_rst:]])
-
-        def cma_loss(x: Tensor) -> Tensor:  # (K, pop, d) -> (K, pop)
-            k, pop, _ = x.shape
-            unit = base[:, None].expand(k, pop, dim).clone()
-            unit[..., cma_idx] = x
-            objective = _loss(win, lat_k.repeat_interleave(pop), w_k.repeat_interleave(pop, 0), spec,
-                              cfg.substeps, dt)  # fmt: skip
-            return objective(unit.reshape(-1, dim)).reshape(k, pop)
-
-        stds = [5.0 if n in thresholds else 0.3 for n in cma_names]  # the deadband starts from none at all
-        result = cma_fit(cma_loss, base[:, cma_idx].numpy(), 0.03, cfg.cma_generations, cfg.cma_popsize, cfg.seed,
-                         stds=stds)  # fmt: skip
-        tuned = base.clone()
-        tuned[:, cma_idx] = torch.as_tensor(result.unit, dtype=torch.float32)
-        with torch.no_grad():
-            before = cma_loss(base[:, cma_idx][:, None]).squeeze(1)
-        keep = torch.as_tensor(result.loss, dtype=torch.float32) < before  # CMA-ES never makes a point worse
-        tuned = torch.where(keep[:, None], tuned, base)
-        fit_unit, boot_unit = tuned[0], tuned[1:]
-
-    names = [n for n in PARAMS.names if n in thresholds[: len(cma_names)] or free[PARAMS.index(n)]]
+    names = [n for n in PARAMS.names if free[PARAMS.index(n)] or (deadband and n == "steering_deadband_deg")]
     phys, boot = PARAMS.from_unit(fit_unit), PARAMS.from_unit(boot_unit)
-    values = {n: float(phys[i]) for i, n in enumerate(PARAMS.names)}
-    spread = {n: float(boot[:, PARAMS.index(n)].std()) for n in names}
-    lat_ms = float(candidates[top][k_best]) * dt * 1000.0
-    lat_spread = float((boot_lat.float() * dt * 1000.0).std())
-
-    reasons = []
-    disagree = (restarts[:, free_idx].max(0).values - restarts[:, free_idx].min(0).values).max() if n_rst > 1 else 0
-    if float(disagree) > cfg.max_restart_spread:
-        worst = PARAMS.names[int(free_idx[(restarts[:, free_idx].max(0).values
-                                           - restarts[:, free_idx].min(0).values).argmax()])]  # fmt: skip
-        reasons.append(f"the restarts disagree on {worst} by {float(disagree):.3f} of its search box")
-    if int(candidates[top][k_best]) == int(candidates[-1]) and len(candidates) > 1:
-        reasons.append(f"the loop latency sits at the edge of the search ({lat_ms:.0f} ms): raise --fit.max-latency-ms")
-    residual, segments = residuals(log, win, fit_unit, candidates[top][k_best], spec, cfg.substeps, dt)
+    ms = dt * 1000.0
+    lat_ms, boot_ms = float(stage["latency"]) * ms, stage["boot_latency"].float() * ms
+    reasons = _unconverged(pb, cfg, stage["restarts"], stage["latency"], lat_ms)
+    residual, segments = residuals(log, win, fit_unit, stage["latency"], spec, cfg.substeps, dt)
     if residual > cfg.max_residual:
         reasons.append(f"residual {residual:.3f} (motion rms in units of {MOTION_SCALE}) above --fit.max-residual "
                        f"{cfg.max_residual}")  # fmt: skip
-    replicas = [{**{n: float(b[PARAMS.index(n)]) for n in names}, "loop_latency_ms": float(lt) * dt * 1000.0}
-                for b, lt in zip(boot, boot_lat, strict=True)]  # fmt: skip
+    replicas = [{**{n: float(b[PARAMS.index(n)]) for n in names}, "loop_latency_ms": float(lt)}
+                for b, lt in zip(boot, boot_ms, strict=True)]  # fmt: skip
     fit = DynamicsFit(
-        values, spread, tuple(names), lat_ms, lat_spread,
-        {round(float(c) * dt * 1000.0, 3): float(v) for c, v in zip(candidates, profile, strict=True)},
-        residual, segments, not reasons, reasons, list(check.flags), time.time() - t0, log.truth, n_win, replicas,
+        {n: float(phys[i]) for i, n in enumerate(PARAMS.names)},
+        {n: float(boot[:, PARAMS.index(n)].std()) for n in names}, tuple(names), lat_ms, float(boot_ms.std()),
+        {round(float(c) * ms, 3): float(v) for c, v in zip(candidates, profile, strict=True)},
+        residual, segments, not reasons, reasons, list(check.flags), time.time() - t0, log.truth, len(win.start),
+        replicas,
     )  # fmt: skip
     if reasons:
         raise FitNotConverged("the dynamics fit did not converge: " + "; ".join(reasons), fit)
     return fit
+
+
+def _unconverged(pb: _Problem, cfg: DynamicsFitConfig, restarts: Tensor, latency: Tensor, lat_ms: float) -> list[str]:
+    """Why the fit is not to be trusted (empty: it converged), besides its residual."""
+    reasons = []
+    if len(restarts) > 1:
+        span = restarts[:, pb.free_idx].max(0).values - restarts[:, pb.free_idx].min(0).values
+        if float(span.max()) > cfg.max_restart_spread:
+            worst = PARAMS.names[int(pb.free_idx[span.argmax()])]
+            reasons.append(f"the restarts disagree on {worst} by {float(span.max()):.3f} of its search box")
+    if int(latency) == int(pb.candidates[-1]) and len(pb.candidates) > 1:
+        reasons.append(f"the loop latency sits at the edge of the search ({lat_ms:.0f} ms): raise --fit.max-latency-ms")
+    return reasons
 
 
 @torch.no_grad()
