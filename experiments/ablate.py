@@ -234,7 +234,7 @@ def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
     if stage == "teacher":
         m = summary[f"eval/{track}"]
         row = {k: m[k] for k in ("lap_completion", "forward/lap_completion", "reverse/lap_completion")}
-        row |= {k: m[k] for k in ("lap_completion_ci_low", "lap_completion_ci_high", "lap_time_ratio")}
+        row |= {k: m[k] for k in ("lap_completion_ci_low", "lap_completion_ci_high", "progress", "lap_time_ratio")}
         row["minutes"] = summary["wall_minutes"]
         return row
     s, t = summary["student"], summary["teacher"]
@@ -244,6 +244,7 @@ def _row(stage: str, summary: dict, track: str) -> dict[str, float]:
         "reverse/lap_completion": s["reverse/lap_completion"],
         "lap_completion_ci_low": s["lap_completion_ci_low"],
         "lap_completion_ci_high": s["lap_completion_ci_high"],
+        "progress": s["progress"],
         "completion_vs_teacher": summary["completion_ratio"],
         "lap_time_vs_teacher": summary["lap_time_ratio_vs_teacher"],
         "teacher_lap_completion": t["lap_completion"],
