@@ -8,7 +8,6 @@ the success window), reported with its Wilson interval.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -17,6 +16,7 @@ from torch import Tensor
 from envs.bimanual.config import BimanualConfig
 from envs.bimanual.env import FACTOR_BOUNDS, FACTOR_NAMES, BimanualEnv, nominal
 from envs.errors import check_range
+from envs.intervals import wilson_interval
 from envs.task import BoxActionSpec, EstimateSpec, Task, register_task
 
 ESTIMATES = EstimateSpec(
@@ -101,17 +101,6 @@ def run_episodes(act, env: BimanualEnv, cfg: BimanualEvalConfig, reset=None) -> 
         EpisodeRecord(bool(s), int(k), bool(e), float(h))
         for s, k, e, h in zip(success.tolist(), steps.tolist(), error.tolist(), height.tolist())
     ]
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, center - half), min(1.0, center + half))
 
 
 def summarize(records: list[EpisodeRecord], env: BimanualEnv | None = None) -> dict[str, float]:

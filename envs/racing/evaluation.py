@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from torch import Tensor
 
 from envs.errors import ConfigError, check_range
+from envs.intervals import wilson_interval
 from envs.racing.config import EnvConfig
 from envs.racing.env import RacingEnv
 from envs.racing.randomization import FACTOR_NAMES, denormalize_factor
@@ -75,17 +76,6 @@ class EpisodeRecord:
         """Where on the lap the episode ended: the fraction of the centerline from the start line, in [0, 1)."""
         sign = 1.0 if self.direction == "forward" else -1.0
         return float((self.start + sign * self.progress) % 1.0)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, center - half), min(1.0, center + half))
 
 
 def mean_interval(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
