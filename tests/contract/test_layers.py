@@ -26,7 +26,16 @@ def test_the_project_keeps_its_layers():
 
 
 def test_the_contracts_catch_an_upward_import_and_a_task_import(tmp_path):
-    for package in ("envs", "envs/racing", "envs/bimanual", "datasets", "adaptation", "teacher", "student", "experiments"):
+    for package in (
+        "envs",
+        "envs/racing",
+        "envs/bimanual",
+        "datasets",
+        "adaptation",
+        "teacher",
+        "student",
+        "experiments",
+    ):
         (tmp_path / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "student" / "model.py").write_text("X = 1\n")
