@@ -11,11 +11,13 @@ metric's mean and the half-width of its 95% t-interval.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -198,3 +200,34 @@ def seed_summary(rows: dict[int, dict[str, float]]) -> dict:
 def cell(mean: float, half: float | None = None) -> str:
     """A table cell: `0.950`, or `0.950 ± 0.020` with an interval."""
     return f"{mean:.3f}" if half is None or math.isnan(mean) else f"{mean:.3f} ± {half:.3f}"
+
+
+def run_process(cmd: list[str], timeout: float) -> dict:
+    """Run `cmd` in a new process group with a wall limit (the whole group is killed at the limit)."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out, err, timed_out = "", "", False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    except BaseException:  # interrupted: the measurement's processes end with this one (they have their own session)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    if timed_out:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return {"rc": proc.returncode, "stdout": out, "stderr": err, "timed_out": timed_out, "start": start,
+            "seconds": time.time() - start}  # fmt: skip
+
+
+def process_failure(child: dict, what: str, timeout: float) -> dict | None:
+    """An error record for a process that timed out or failed (None when it succeeded)."""
+    if child["timed_out"]:
+        return {"status": "timeout", "error": f"{what}: no result within {timeout:.0f} s"}
+    if child["rc"] != 0:
+        tail = (child["stderr"] or child["stdout"]).strip()[-1500:]
+        return {"status": "error", "error": f"{what} exited with {child['rc']}: {tail}"}
+    return None

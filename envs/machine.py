@@ -7,6 +7,8 @@ import platform
 
 import torch
 
+from envs.errors import ConfigError
+
 
 def machine() -> dict:
     """Platform, CPU, torch and Python versions, torch threads, and the load average before the measurements."""
@@ -20,3 +22,20 @@ def machine() -> dict:
         # Other work on the machine shifts every figure: the 1-minute load average before the measurements started.
         "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+def check_device(device: str) -> torch.device:
+    """The device, refused in one line naming `--device` when it is CUDA and torch sees none."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ConfigError(f"--device {device!r}: {err}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: torch sees no CUDA device on this machine; use --device cpu")
+    return dev
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so that a timer sees it done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

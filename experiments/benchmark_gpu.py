@@ -23,14 +23,10 @@ published by a peer project and the goals; the table sets the figures next to th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import resource
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,10 +39,11 @@ import torch
 from rich.table import Table
 
 from datasets.checkpoints import CheckpointError, load_checkpoint
+from datasets.jobs import process_failure, run_process
 from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError, check_range
-from envs.machine import machine
+from envs.machine import check_device, machine, synchronize
 from envs.racing.config import EnvConfig
 from experiments.cli import current_task, run
 
@@ -144,23 +141,6 @@ class GpuBenchConfig:
             raise ConfigError(f"--teacher-args {self.teacher_args!r}: {err}") from None
 
 
-def check_device(device: str) -> torch.device:
-    """The device, refused in one line naming `--device` when it is CUDA and torch sees none."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"--device {device!r}: {err}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: torch sees no CUDA device on this machine; use --device cpu")
-    return dev
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA runs asynchronously), so that a timer sees it done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure_env(cfg: GpuBenchConfig, kind: Kind, num_envs: int) -> dict:
     """Time `env.step` with random discrete actions made on the device; env-steps/s, build time, peak memory."""
     device = check_device(cfg.device)
@@ -212,44 +192,13 @@ def measure_env(cfg: GpuBenchConfig, kind: Kind, num_envs: int) -> dict:
     return result
 
 
-def run_process(cmd: list[str], timeout: float) -> dict:
-    """Run `cmd` in a new process group with a wall limit (the whole group is killed at the limit)."""
-    start = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out, err, timed_out = "", "", False
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    except BaseException:  # interrupted: the measurement's processes end with this one (they have their own session)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    if timed_out:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    return {"rc": proc.returncode, "stdout": out, "stderr": err, "timed_out": timed_out, "start": start,
-            "seconds": time.time() - start}  # fmt: skip
-
-
-def failure(child: dict, what: str, timeout: float) -> dict | None:
-    """An error record for a process that timed out or failed (None when it succeeded)."""
-    if child["timed_out"]:
-        return {"status": "timeout", "error": f"{what}: no result within {timeout:.0f} s"}
-    if child["rc"] != 0:
-        tail = (child["stderr"] or child["stdout"]).strip()[-1500:]
-        return {"status": "error", "error": f"{what} exited with {child['rc']}: {tail}"}
-    return None
-
-
 def env_measurement(cfg: GpuBenchConfig, kind: Kind, n: int) -> dict:
     cmd = [sys.executable, "-m", "experiments.benchmark_gpu", "default", "--task", current_task(),
            "--device", cfg.device, "--track", cfg.track, "--steps", str(cfg.steps), "--camera-steps",
            str(cfg.camera_steps), "--genesis-steps", str(cfg.genesis_steps), "--warmup", str(cfg.warmup),
            "--compile" if cfg.compile else "--no-compile", "--single", f"{kind}:{n}"]  # fmt: skip
     child = run_process(cmd, cfg.timeout_s)
-    bad = failure(child, f"{kind} at {n} envs", cfg.timeout_s)
+    bad = process_failure(child, f"{kind} at {n} envs", cfg.timeout_s)
     try:
         result = bad or json.loads(child["stdout"].strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -301,7 +250,7 @@ def teacher_measurement(cfg: GpuBenchConfig, out_dir: Path) -> dict:
            *shlex.split(cfg.teacher_args)]  # fmt: skip
     timeout = 60.0 * cfg.teacher_minutes + cfg.teacher_overhead_s
     child = run_process(cmd, timeout)
-    bad = failure(child, "train_teacher", timeout) or {}
+    bad = process_failure(child, "train_teacher", timeout) or {}
     try:  # a run that failed or timed out still has the history of its checkpoints
         result = {**teacher_report(cfg, run_dir, child["start"]), **bad}
     except (OSError, KeyError, ValueError, CheckpointError) as err:
@@ -320,7 +269,7 @@ def dagger_measurement(cfg: GpuBenchConfig, teacher_run: Path, out_dir: Path) ->
            "--teacher", str(teacher), "--run-dir", str(run_dir), "--dagger.rounds", str(cfg.dagger_rounds),
            "--dagger.envs", str(cfg.dagger_envs), "--wandb.mode", "disabled"]  # fmt: skip
     child = run_process(cmd, cfg.timeout_s)
-    bad = failure(child, "distill_student", cfg.timeout_s)
+    bad = process_failure(child, "distill_student", cfg.timeout_s)
     if bad:
         return {**bad, "process_seconds": child["seconds"]}
     summary = json.loads((run_dir / "eval.json").read_text())
@@ -337,7 +286,7 @@ def student_measurement(cfg: GpuBenchConfig, out_dir: Path) -> list[dict]:
            "--device", cfg.device, "--variants", *cfg.student_variants, "--train-steps", str(cfg.student_train_steps),
            "--step-envs", str(cfg.student_step_envs), "--out", str(out)]  # fmt: skip
     child = run_process(cmd, cfg.timeout_s)
-    bad = failure(child, "benchmark_student", cfg.timeout_s)
+    bad = process_failure(child, "benchmark_student", cfg.timeout_s)
     try:
         report = json.loads(out.read_text()) if not bad else {}
     except (OSError, ValueError) as err:

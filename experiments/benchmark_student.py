@@ -25,7 +25,7 @@ from envs.augment import AugmentConfig, augment
 from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError, check_range
-from envs.machine import machine
+from envs.machine import check_device, machine, synchronize
 from envs.task import get_task
 from envs.vehicle import VEHICLE_ESTIMATES
 from experiments.cli import run
@@ -85,12 +85,6 @@ def synthetic_batch(cfg: StudentConfig, dagger: DaggerConfig, rng: np.random.Gen
     }
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (CUDA runs asynchronously), so that a timer sees it done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(name: str, cfg: StudentBenchConfig) -> dict:
     torch.manual_seed(0)
     student = VARIANTS[name]
@@ -133,8 +127,7 @@ def measure(name: str, cfg: StudentBenchConfig) -> dict:
 
 
 def main(cfg: StudentBenchConfig) -> dict:
-    if torch.device(cfg.device).type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device on this machine; use --device cpu")
+    check_device(cfg.device)
     console = make_console()
     info = machine()  # the load average before the measurements
     rows = [measure(name, cfg) for name in cfg.variants]
