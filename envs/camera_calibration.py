@@ -182,6 +182,14 @@ class LensFit:
         reach = np.nonzero(r >= half)[0]
         return math.degrees(2 * float(theta[reach[0]] if len(reach) else theta[-1]))
 
+    def summary(self) -> dict:
+        """The fit as JSON-ready numbers (the report's)."""
+        return {
+            "hfov_deg": self.hfov_deg, "edge_hfov_deg": self.edge_hfov_deg(), "rms_px": self.rms_px,
+            "principal_point": list(self.principal_point), "fy_over_fx": float(self.K[1, 1] / self.K[0, 0]),
+            "K": self.K.tolist(), "D": self.D.tolist(), "per_image_px": self.per_image_px,
+        }  # fmt: skip
+
 
 _CV_FLAGS = {
     "fisheye-pure": ("RECOMPUTE_EXTRINSIC", "FIX_SKEW", "FIX_K1", "FIX_K2", "FIX_K3", "FIX_K4"),

@@ -46,7 +46,6 @@ from rich.table import Table
 from envs.camera_calibration import (
     CalibrationError,
     Checkerboard,
-    LensFit,
     MountFit,
     coverage_deg,
     detect_corners,
@@ -145,14 +144,6 @@ def render_images(cfg: CameraCalibrationConfig, console) -> CameraCalibrationCon
     return replace(cfg, images=str(root / "board"), floor_images=floor, truth=str(root / "truth.json"), lens=proxy.lens)
 
 
-def lens_summary(fit: LensFit) -> dict:
-    return {
-        "hfov_deg": fit.hfov_deg, "edge_hfov_deg": fit.edge_hfov_deg(), "rms_px": fit.rms_px,
-        "principal_point": list(fit.principal_point), "fy_over_fx": float(fit.K[1, 1] / fit.K[0, 0]),
-        "K": fit.K.tolist(), "D": fit.D.tolist(), "per_image_px": fit.per_image_px,
-    }  # fmt: skip
-
-
 def comparison_table(fields: dict[str, float], extra: dict[str, float], truth: dict | None) -> Table:
     table = Table(title="camera calibration" + (" (fitted vs true)" if truth else ""))
     for col in ("quantity", "fitted", *(("true", "error") if truth else ())):
@@ -229,7 +220,7 @@ def main_camera(cfg: CameraCalibrationConfig) -> dict:
         "optics": optics, "written": converged, "image_size": list(size), "board": asdict(cfg.board),
         "images": {"folder": cfg.images, "used": sorted(found), "skipped": missing},
         "floor_images": {"folder": cfg.floor_images, "used": sorted(floor_found), "skipped": floor_missing},
-        "lens_fit": lens_summary(lens), "lens_fit_free_distortion": lens_summary(free),
+        "lens_fit": lens.summary(), "lens_fit_free_distortion": free.summary(),
         "distortion_gap_px": extra["distortion_gap_px"], "corner_coverage_deg": extra["corner_coverage_deg"],
         "mount_fit": None if mount is None else {
             "height": mount.height, "pitch_deg": mount.pitch_deg, "roll_deg": mount.roll_deg,
