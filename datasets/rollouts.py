@@ -22,8 +22,8 @@ import numpy as np
 from envs.config_io import write_text_atomic
 from envs.errors import GapbridgeError
 
-SCHEMA_VERSION = 2
-"""2: `targets` gained lateral speed and yaw rate"""
+SCHEMA_VERSION = 3
+"""2: `targets` gained lateral speed and yaw rate; 3: `privileged`, the teacher's own observation"""
 MANIFEST = "manifest.json"
 
 
@@ -42,12 +42,14 @@ def rollout_schema(
     latent_dim: int,
     num_factors: int,
     num_targets: int,
+    privileged_dim: int,
     proprio_dim: int = 2,
     num_actions: int = 1,
     image_hw: tuple[int, int] = (120, 160),
 ) -> dict[str, Field]:
     """Per-row fields of a DAgger shard. `teacher_logits` holds the teacher's action distribution (or mean),
-    `targets` the task's estimate targets (`EstimateSpec.targets` order), `prev_action` the previous action as the
+    `targets` the task's estimate targets (`EstimateSpec.targets` order), `privileged` the teacher's privileged
+    observation (its `teacher` group, raw: before the teacher's normalizer), `prev_action` the previous action as the
     student reads it."""
     h, w = image_hw
     return {
@@ -60,6 +62,7 @@ def rollout_schema(
         "z": Field((latent_dim,), "float32"),
         "env_factors": Field((num_factors,), "float32"),
         "targets": Field((num_targets,), "float32"),
+        "privileged": Field((privileged_dim,), "float32"),
         "terminated": Field((), "bool"),
         "truncated": Field((), "bool"),
         "episode": Field((), "int64"),  # global episode id
@@ -148,7 +151,10 @@ def validate_shard(path: str | Path, schema: dict[str, Field] | None = None) -> 
         with h5py.File(path, "r") as f:
             version = f.attrs.get("schema_version")
             if version != SCHEMA_VERSION:
-                raise ShardError(f"{path}: schema version {version}, expected {SCHEMA_VERSION}")
+                raise ShardError(
+                    f"{path}: schema version {version}, expected {SCHEMA_VERSION} (shards of another version are not "
+                    "read: collect them again)"
+                )
             n_valid = int(f.attrs.get("n_valid", -1))
             if n_valid < 0:
                 raise ShardError(f"{path}: no n_valid attribute")

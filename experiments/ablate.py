@@ -99,6 +99,7 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "low-grip-data": ("--dagger.low-grip-share", "0.5"),
         "redrawn-dynamics": ("--dagger.redraw-seconds", "5"),
         "dense-encoder-gradient": ("--dagger.cnn-grad-stride", "1"),
+        "privileged-aux": ("--dagger.privileged-weight", "0.5"),
     },
 }
 """each stage's variants: override flags of its script, after the base run's preset and flags"""

@@ -50,7 +50,7 @@ class DatasetBenchConfig:
 
 
 def build(root: Path, cfg: DatasetBenchConfig) -> float:
-    schema = rollout_schema(num_outputs=10, latent_dim=8, num_factors=9, num_targets=7)
+    schema = rollout_schema(num_outputs=10, latent_dim=8, num_factors=9, num_targets=7, privileged_dim=29)
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, size=(cfg.episode_steps, 1, 120, 160), dtype=np.uint8)
     t0, rows = time.perf_counter(), 0

@@ -61,6 +61,12 @@ class DaggerConfig:
     """weight of the speed estimate's term inside that loss (the others 1): once the car is under way its speed
     varies little (standard deviation about a sixth of its normalization scale, where the yaw rate's exceeds its
     scale), so unweighted its error hardly counts"""
+    privileged_weight: float = 0.0
+    """weight of the auxiliary loss that predicts the teacher's privileged observation (the task's `teacher` group:
+    racing's lookahead points in the car frame, lateral offset, heading error, speed, yaw rate, steering, previous
+    action), normalized as the teacher's network reads it, from the features the policy head reads (Learning by
+    Cheating's privileged state made a training signal); logged as `loss/privileged` and `train/privileged_r2`.
+    0 = no privileged head: the student, its initial weights and its training are those without one"""
     redraw_seconds: float = 0.0
     """re-draw the car's dynamics and latencies every this many seconds of a collection episode
     (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds
@@ -94,6 +100,7 @@ class DaggerConfig:
         check_range("dagger.labels_per_window", self.labels_per_window, 1, 10_000)
         check_range("dagger.cnn_grad_stride", self.cnn_grad_stride, 1, 10_000)
         check_range("dagger.speed_weight", self.speed_weight, 0.0, 1000.0)
+        check_range("dagger.privileged_weight", self.privileged_weight, 0.0, 100.0)
 
 
 def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:
@@ -136,6 +143,21 @@ def distillation_loss(outputs: Tensor, teacher_outputs: Tensor, mask: Tensor, ki
     return (per_step * w).sum() / w.sum().clamp(min=1.0)
 
 
+def privileged_loss(prediction: Tensor, target: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Masked mean squared error over `(B, T)` positions of a `(B, T, D)` prediction of normalized targets, and the
+    pooled R^2 there: 1 - (sum of squared errors) / (sum over components of the squared deviations from each
+    component's mean over the masked positions). NaN when no component varies."""
+    w = mask.float().unsqueeze(-1)  # (B, T, 1)
+    count = w.sum().clamp(min=1.0)
+    sq = (prediction - target).square() * w
+    loss = sq.sum() / (count * target.shape[-1])
+    with torch.no_grad():
+        mean = (target * w).sum((0, 1)) / count  # (D,)
+        sst = ((target - mean).square() * w).sum()
+        r2 = 1.0 - sq.sum() / sst if sst > 0 else torch.tensor(float("nan"))
+    return loss, r2
+
+
 def loss_mask(mask: Tensor, context: int) -> Tensor:
     """Positions that carry a loss: real steps whose full context lies inside the window (or at an episode start,
     where the padding is what deployment sees too)."""
@@ -166,15 +188,22 @@ def train_step(
     lmask = loss_mask(mask, model.cfg.context)
     # Frames before the first supervised position only feed the history: no gradient through the CNN there.
     first_label = int(lmask.float().argmax(dim=1).min()) if bool(lmask.any()) else 0
+    aux = cfg.privileged_weight > 0
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(cfg)):
         outputs, heads = model.forward_window(
-            camera, prev_action, mask, context_no_grad=first_label, grad_stride=cfg.cnn_grad_stride
+            camera, prev_action, mask, context_no_grad=first_label, grad_stride=cfg.cnn_grad_stride, privileged=aux
         )
     outputs, heads = outputs.float(), {k: v.float() for k, v in heads.items()}
     teacher_logits = tensor("teacher_logits")
     loss_action = distillation_loss(outputs, teacher_logits, lmask, model.spec.kind)
     total = loss_action
     terms = {"action": loss_action}
+    extra: dict[str, float] = {}
+    if aux:
+        target = model.privileged_head.normalize(tensor("privileged"))
+        terms["privileged"], r2 = privileged_loss(heads.pop("privileged"), target, lmask)
+        total = total + cfg.privileged_weight * terms["privileged"]
+        extra["train/privileged_r2"] = float(r2)
     if heads:
         # The factor estimator's outputs train where its longer context lies in the window (they are fitted on
         # whole episodes after the last round).
@@ -208,7 +237,7 @@ def train_step(
     for key, value in stats.items():
         if not math.isfinite(value):
             raise FloatingPointError(f"non-finite {key} in a student update")
-    return stats
+    return {**stats, **extra}  # an R^2 is NaN where its targets do not vary: not a failed update
 
 
 def round_learning_rate(cfg: DaggerConfig, round_index: int) -> float:

@@ -63,8 +63,9 @@ from teacher.policy import TeacherPolicy
 LogFn = Callable[[dict[str, float], int], None]
 
 
-def output_spec(task: Task, env, teacher: TeacherPolicy) -> OutputSpec:
-    """What a student distilled from `teacher` in `env` of `task` reads and predicts."""
+def output_spec(task: Task, env, teacher: TeacherPolicy, privileged: bool = False) -> OutputSpec:
+    """What a student distilled from `teacher` in `env` of `task` reads and predicts (`privileged`: also the teacher's
+    own observation, the `teacher` group, as an auxiliary target)."""
     space = env.action_space
     return OutputSpec(
         kind=space.kind,
@@ -74,6 +75,7 @@ def output_spec(task: Task, env, teacher: TeacherPolicy) -> OutputSpec:
         latency_classes=task.latency_classes(env.cfg),
         proprio_dim=task.previous_action_dim,
         task=task.name,
+        privileged_dim=teacher.layout.teacher if privileged else 0,
     )
 
 
@@ -120,12 +122,15 @@ class Distiller:
         self.env = self.task.make_env(collection_world(env_share(self.env_cfg, rank, "dagger.envs"), dagger_cfg))
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
-        self.spec = output_spec(self.task, self.env, teacher)
+        self.spec = output_spec(self.task, self.env, teacher, privileged=dagger_cfg.privileged_weight > 0)
         # The student and the teacher run where the env's tensors are (a CUDA env: on that GPU); the mixing draws stay
         # on the CPU, the augmentation's on the device.
         self.device = torch.device(getattr(self.env_cfg, "device", "cpu"))
         teacher.to(self.device)
         self.model = StudentModel(student_cfg, self.spec).to(self.device)
+        if self.model.privileged_head is not None:  # its targets are normalized as the teacher's network reads them
+            centre, scale = teacher.observation_scale()
+            self.model.privileged_head.set_normalization(centre.to(self.device), scale.to(self.device))
         broadcast_parameters(self.model, rank)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
         self.policy = StudentPolicy(self.model, self.env.num_envs, self.device)
@@ -138,7 +143,7 @@ class Distiller:
         obs = self.env.get_observations()
         self.schema = rollout_schema(
             self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1], len(self.task.estimates.targets),
-            self.spec.proprio_dim, self.env.action_space.num_actions,
+            obs["teacher"].shape[-1], self.spec.proprio_dim, self.env.action_space.num_actions,
         )  # fmt: skip
         self.round, self.episodes, self.samples = 0, 0, 0
         self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
@@ -186,6 +191,7 @@ class Distiller:
                 "z": self.teacher.z(obs).cpu().numpy(),
                 "env_factors": obs["env_factors"].cpu().numpy(),
                 "targets": self.task.estimate_targets(env).cpu().numpy(),
+                "privileged": obs["teacher"].cpu().numpy(),  # raw: the teacher's normalizer is applied in the loss
                 "episode": episode_ids.copy(),
                 "step": step_in_ep.astype(np.int32),
             }
@@ -229,6 +235,8 @@ class Distiller:
         cfg = self.cfg
         window = self.student_cfg.context + cfg.labels_per_window
         fields = ("camera", "prev_action", "teacher_logits", "z", "targets")
+        if cfg.privileged_weight > 0:
+            fields += ("privileged",)
         reader = WindowReader(self.data_dir, fields, window, cache_bytes=cfg.cache_mb * 1024**2, schema=self.schema)
         self.model.train()
         for group in self.optimizer.param_groups:

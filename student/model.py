@@ -3,6 +3,10 @@
 `forward_window` trains on windows `(B, T, ...)`; `step` runs one frame at a time with explicit recurrent state
 (the history encoder's buffer or hidden state), exactly what the car runs. `StudentPolicy` wraps a model for
 batched envs: it owns the per-env state and resets it on `done`.
+
+A student distilled with an auxiliary privileged-observation loss (`OutputSpec.privileged_dim` > 0) also has a
+`privileged_head` that predicts the teacher's own observation from the features the policy head reads; only
+`forward_window(..., privileged=True)` runs it, so the action path (`step`, the exported graphs) never does.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from adaptation.odometry import OdometryTracker, PlanarOdometry
 from envs.camera_model import CameraConfig
 from envs.errors import ConfigError, check_range
 from envs.task import EstimateSpec
-from student.networks import EncoderConfig, ImageEncoder, PolicyHead, scale_frames
+from student.networks import EncoderConfig, ImageEncoder, PolicyHead, PrivilegedHead, scale_frames
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,9 @@ class OutputSpec:
     proprio_dim: int = 2
     """leading columns of the `proprio` group the student reads (its previous action)"""
     task: str = "racing"
+    privileged_dim: int = 0
+    """width of the teacher's privileged observation the student predicts as an auxiliary training target (0: no such
+    head; students saved before the head existed read as 0)"""
 
     def __post_init__(self) -> None:
         if list(self.latency_classes) != list(self.estimates.latencies):
@@ -89,7 +96,7 @@ class OutputSpec:
         return {
             "kind": self.kind, "num_outputs": self.num_outputs, "latent_dim": self.latent_dim,
             "estimates": self.estimates.to_dict(), "latency_classes": dict(self.latency_classes),
-            "proprio_dim": self.proprio_dim, "task": self.task,
+            "proprio_dim": self.proprio_dim, "task": self.task, "privileged_dim": self.privileged_dim,
         }  # fmt: skip
 
     @classmethod
@@ -97,7 +104,7 @@ class OutputSpec:
         return cls(
             str(data["kind"]), int(data["num_outputs"]), int(data["latent_dim"]),
             EstimateSpec.from_dict(data["estimates"]), {k: int(v) for k, v in data["latency_classes"].items()},
-            int(data["proprio_dim"]), str(data["task"]),
+            int(data["proprio_dim"]), str(data["task"]), int(data.get("privileged_dim", 0)),
         )  # fmt: skip
 
 
@@ -137,11 +144,26 @@ class StudentModel(nn.Module):
                 )
             self.estimator = FactorEstimator(cfg.estimator, classes["action_latency"], classes["camera_latency"])
         self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
+        # The privileged head reads what the policy head reads: the frame's embedding (the track geometry ahead, the
+        # lateral offset and heading error are in the image, and the gradient reaches the image encoder directly,
+        # not through the history encoder), the history features (speed and yaw rate, and the state the delayed
+        # frame lags behind, need several frames) and the previous action. Built last, so the other modules start from
+        # the same weights with or without it.
+        self.privileged_head = PrivilegedHead(head_in, spec.privileged_dim) if spec.privileged_dim > 0 else None
 
     def forward_window(
-        self, camera: Tensor, prev_action: Tensor, mask: Tensor, context_no_grad: int = 0, grad_stride: int = 1
+        self,
+        camera: Tensor,
+        prev_action: Tensor,
+        mask: Tensor,
+        context_no_grad: int = 0,
+        grad_stride: int = 1,
+        privileged: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads.
+
+        With `privileged`, the heads also hold `privileged` `(B, T, privileged_dim)`: the privileged head's normalized
+        prediction of the teacher's observation (a student without that head refuses).
 
         The first `context_no_grad` frames of each window are encoded without gradients (they only feed the
         history of later steps), which saves two thirds of their cost in training. After them, only every
@@ -176,15 +198,21 @@ class StudentModel(nn.Module):
         else:
             emb = encode(slice(0, t))
         prev_action = prev_action * mask.unsqueeze(-1)
+        if privileged and self.privileged_head is None:
+            raise ConfigError("this student has no privileged head (its output spec's privileged_dim is 0)")
         if self.history is None:
-            return self.head(torch.cat([emb, prev_action], -1)), {}
-        h = self.history(torch.cat([emb, prev_action], -1), mask)
-        heads = self.history.heads(h)
-        if self.estimator is not None and not self.estimator.reads_odometry:  # odometry is not part of the window
-            heads = FactorEstimator.merge(
-                heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
-            )
-        return self.head(torch.cat([emb, h, prev_action], -1)), heads
+            features, heads = torch.cat([emb, prev_action], -1), {}
+        else:
+            h = self.history(torch.cat([emb, prev_action], -1), mask)
+            heads = self.history.heads(h)
+            if self.estimator is not None and not self.estimator.reads_odometry:  # odometry is not in the window
+                heads = FactorEstimator.merge(
+                    heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
+                )
+            features = torch.cat([emb, h, prev_action], -1)
+        if privileged:
+            heads = {**heads, "privileged": self.privileged_head(features)}
+        return self.head(features), heads
 
     def _state_parts(self) -> list[torch.Size]:
         """Per-env shapes of the deployment state's parts: history state, factor estimator inputs (if any), previous

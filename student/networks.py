@@ -1,4 +1,4 @@
-"""Student networks: the DeepRacer shallow CNN image encoder and the policy head.
+"""Student networks: the DeepRacer shallow CNN image encoder, the policy head and the privileged-observation head.
 
 The encoder takes raw camera frames (uint8 0-255 or float) and scales them inside the model, as the car feeds raw
 pixels. Its head is a flatten + linear layer (default) or a spatial softmax — never global average pooling, which
@@ -95,6 +95,37 @@ class PolicyHead(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (256, 128), dropout: float = 0.0):
         super().__init__()
         self.net = mlp(in_dim, out_dim, hidden, "elu", dropout, dropout_layers=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class PrivilegedHead(nn.Module):
+    """[image embedding, history features, previous action] -> the teacher's privileged observation, normalized as
+    the teacher's own network reads it: `(obs - centre) / scale` (buffers, set from the teacher and saved with the
+    student). A training signal only (Learning by Cheating's privileged state as an auxiliary target): no action, no
+    export and no deployment reads it."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: Sequence[int] = (128,)) -> None:
+        super().__init__()
+        self.net = mlp(in_dim, out_dim, hidden, "elu")
+        self.register_buffer("centre", torch.zeros(out_dim))
+        self.register_buffer("scale", torch.ones(out_dim))
+
+    def set_normalization(self, centre: Tensor, scale: Tensor) -> None:
+        if centre.shape != self.centre.shape or scale.shape != self.scale.shape:
+            raise ValueError(
+                f"privileged normalization: shapes {tuple(centre.shape)} and {tuple(scale.shape)}, expected "
+                f"{tuple(self.centre.shape)}"
+            )
+        if not bool((scale > 0).all()):
+            raise ValueError("privileged normalization: every scale must be positive")
+        self.centre.copy_(centre)
+        self.scale.copy_(scale)
+
+    def normalize(self, privileged: Tensor) -> Tensor:
+        """Raw privileged observations `(..., D)` -> the head's regression targets `(..., D)`."""
+        return (privileged - self.centre) / self.scale
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)

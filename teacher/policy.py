@@ -103,6 +103,14 @@ class TeacherPolicy:
         """The environment latent z = mu(e) `(N, latent_dim)` that the student's history encoder regresses."""
         return self.actor.encode(obs)
 
+    def observation_scale(self) -> tuple[Tensor, Tensor]:
+        """Centre and scale `(teacher,)` of the `teacher` group as the actor reads it: `(obs - centre) / scale` is its
+        input (its running normalizer's mean and std + eps; 0 and 1 for an actor without a normalizer)."""
+        norm, width = self.actor.obs_normalizer, self.layout.teacher
+        if not hasattr(norm, "mean"):  # torch.nn.Identity: the actor reads the raw group
+            return torch.zeros(width), torch.ones(width)
+        return norm.mean[:width].float().cpu(), (norm.std[:width] + norm.eps).float().cpu()
+
     def to(self, device: str | torch.device) -> TeacherPolicy:
         self.actor.to(device)
         return self

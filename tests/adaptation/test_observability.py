@@ -117,7 +117,9 @@ def test_observability_script_on_a_tiny_teacher(tmp_path):
 
 
 def test_a_runs_shards_become_one_padded_row_per_episode(tmp_path):
-    schema = rollout_schema(num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, image_hw=(4, 5))
+    schema = rollout_schema(
+        num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, privileged_dim=6, image_hw=(4, 5)
+    )
     writer = ShardWriter(tmp_path / "round_000.h5", schema)
     for ep, length, friction in ((5, 4, 0.8), (9, 2, 1.1)):
         rows = {k: np.zeros((length, *f.shape), dtype=f.dtype) for k, f in schema.items()}

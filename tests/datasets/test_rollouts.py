@@ -23,7 +23,7 @@ from datasets.rollouts import (
 from datasets.staging import EpisodeStager
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = rollout_schema(num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, image_hw=(4, 5))
+SCHEMA = rollout_schema(num_outputs=3, latent_dim=2, num_factors=2, num_targets=7, privileged_dim=6, image_hw=(4, 5))
 
 
 def episode_rows(episode: int, length: int) -> dict[str, np.ndarray]:
@@ -79,6 +79,31 @@ def test_manifest_and_shard_validation(tmp_path):
         f.attrs["schema_version"] = 99
     with pytest.raises(ShardError, match="schema version 99"):
         validate_shard(tmp_path / "r0.h5")
+
+
+def test_the_privileged_observation_round_trips_and_older_shards_are_refused(tmp_path):
+    path = tmp_path / "r0.h5"
+    w = ShardWriter(path, SCHEMA)
+    rows = episode_rows(4, 6)
+    rows["privileged"][:] = np.arange(6 * 6, dtype=np.float32).reshape(6, 6) / 7.0
+    w.append(rows)
+    w.close()
+    add_shard(tmp_path, path, {"rows": 6})
+    reader = WindowReader(tmp_path, ("privileged", "step"), window=3, strict=True, schema=SCHEMA)
+    batch = reader.sample(20, np.random.default_rng(0))
+    reader.close()
+    for b in range(20):
+        m = batch["mask"][b]
+        np.testing.assert_array_equal(batch["privileged"][b][m], rows["privileged"][batch["step"][b][m]])
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = 2  # written before the field existed
+    with pytest.raises(ShardError, match="schema version 2, expected 3 .*collect them again"):
+        WindowReader(tmp_path, ("privileged",), window=3, strict=True)
+    with h5py.File(path, "a") as f:
+        f.attrs["schema_version"] = SCHEMA_VERSION
+        del f["privileged"]
+    with pytest.raises(ShardError, match="missing dataset 'privileged'"):
+        validate_shard(path, SCHEMA)
 
 
 def test_corrupt_shards_are_named_and_skipped_or_refused(tmp_path):

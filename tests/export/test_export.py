@@ -88,6 +88,33 @@ def test_motion_student_exports_with_its_previous_frame_in_the_state(tmp_path):
         assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
 
 
+def test_the_privileged_head_leaves_the_exported_graphs_as_they_were(tmp_path):
+    """The privileged head is a training signal only: a student with it exports the graphs the same student without
+    it does (the stateful one byte for byte; the stateless one up to the exporter's numbering of weight names)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from adaptation.factor_estimator import EstimatorConfig
+    from student.export import export_stateful, export_stateless
+
+    cfg = StudentConfig(encoder=EncoderConfig(channels=(8, 8, 8), embed_dim=16), estimator=EstimatorConfig(kind="none"))
+    spec = racing_spec("discrete", 10, 8, 7, 5)
+    graphs = []
+    for privileged_dim in (0, 6):
+        torch.manual_seed(0)
+        model = StudentModel(cfg, replace(spec, privileged_dim=privileged_dim))
+        assert (model.privileged_head is None) == (privileged_dim == 0)
+        paths = (export_stateful(model, tmp_path / f"{privileged_dim}.onnx"),
+                 export_stateless(model, tmp_path / f"{privileged_dim}_stateless.onnx", frames=2))  # fmt: skip
+        graphs.append([onnx.load(str(p)).graph for p in paths])
+    (plain, plain_stateless), (aux, aux_stateless) = graphs
+    assert plain.SerializeToString() == aux.SerializeToString()
+    describe = lambda g: ([(n.op_type, len(n.input)) for n in g.node], [o.name for o in g.output])  # noqa: E731
+    assert describe(plain_stateless) == describe(aux_stateless) and len(plain_stateless.node) > 10
+    weights = [[numpy_helper.to_array(w) for w in g.initializer] for g in (plain_stateless, aux_stateless)]
+    assert len(weights[0]) == len(weights[1]) and all(np.array_equal(a, b) for a, b in zip(*weights, strict=True))
+
+
 def test_odometry_estimator_student_exports_a_motion_input_the_runtime_feeds(tmp_path):
     """The graph takes the odometry's motion; the runtime tracks the frames through the camera export.json names,
     and its estimates match the torch student's fed the same motion. Without the odometry entry it is refused."""

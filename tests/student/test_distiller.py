@@ -29,10 +29,14 @@ from tests.student.tiny import DAGGER, ENV, EVAL, STUDENT, distiller
 
 
 def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path, tmp_path):
-    full = distiller(teacher_path, tmp_path / "full")
+    aux = replace(DAGGER, privileged_weight=0.5)  # with the privileged head: its weights and targets resume too
+    full = distiller(teacher_path, tmp_path / "full", dagger=aux)
+    logged = []
+    full.log = lambda metrics, step: logged.append(metrics)
     full.run(show_progress=False)
+    assert all(m["loss/privileged"] > 0 and np.isfinite(m["train/privileged_r2"]) for m in logged)
 
-    first = distiller(teacher_path, tmp_path / "part")
+    first = distiller(teacher_path, tmp_path / "part", dagger=aux)
 
     def crash(metrics, step):  # dies in round 2, after collecting and training, before its checkpoint
         if metrics["dagger/round"] == 1.0:
@@ -43,7 +47,7 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
         first.run(show_progress=False)
     assert [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]] == ["round_000.h5", "round_001.h5"]
     (tmp_path / "part" / "data" / "round_001.h5").write_bytes(b"half a shard")  # and its shard is damaged
-    resumed = distiller(teacher_path, tmp_path / "part")
+    resumed = distiller(teacher_path, tmp_path / "part", dagger=aux)
     resumed.resume(tmp_path / "part" / "checkpoints" / "round_001.pt")
     assert resumed.round == 1
     resumed.run(show_progress=False)
@@ -53,9 +57,30 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
     shards = [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]]
     assert shards == ["round_000.h5", "round_001.h5"]
 
+    # The shards hold the teacher's raw observation of each row (racing's ends with the previous action).
+    with h5py.File(tmp_path / "full" / "data" / "round_001.h5", "r") as f:
+        n = int(f.attrs["n_valid"])
+        privileged, prev_action = f["privileged"][:n], f["prev_action"][:n]
+    assert privileged.shape == (n, load_teacher(teacher_path).layout.teacher) and privileged[:, :-2].std(0).max() > 0
+    np.testing.assert_array_equal(privileged[:, -2:], prev_action)
+
     # Weights that do not fit the saved config (here fewer explicit estimates) are refused, not half-loaded.
     ckpt = sorted((tmp_path / "full" / "checkpoints").glob("round_*.pt"))[-1]
-    assert load_student(ckpt).model.history is not None
+    student = load_student(ckpt).model
+    assert student.history is not None
+    centre, scale = load_teacher(teacher_path).observation_scale()
+    assert torch.equal(student.privileged_head.centre, centre) and torch.equal(student.privileged_head.scale, scale)
+    # A student saved before the privileged head existed (no head weights, no privileged_dim) loads and drives alike.
+    data = torch.load(ckpt, weights_only=True)
+    data["model"] = {k: v for k, v in data["model"].items() if not k.startswith("privileged_head.")}
+    data["output_spec"].pop("privileged_dim")
+    torch.save(data, tmp_path / "headless.pt")
+    headless = load_student(tmp_path / "headless.pt").model
+    assert headless.privileged_head is None
+    cam, prev = torch.randint(0, 256, (2, 1, 120, 160), dtype=torch.uint8), torch.rand(2, 2)
+    with torch.no_grad():
+        drives = [m.step(cam, prev, m.init_state(2))[0] for m in (headless, student)]
+    assert torch.equal(*drives)
     data = torch.load(ckpt, weights_only=True)
     for k in ("history.estimate_head.weight", "history.estimate_head.bias"):
         data["model"][k] = data["model"][k][:3]
