@@ -7,6 +7,10 @@ history sees one consistent camera; the noise pixels change every frame. Determi
 
 The photometric part (color, shadow, sharpen) is one fused pure function (`photometric`) that takes neutral
 parameters for windows not selected, so it can be compiled into a single pass over the pixels.
+
+A lighting group (`envs/augment_lighting.py`: long cast shadows of a low sun, specular glare, lens flare, motion
+blur, auto-exposure steps within a window) runs after the photometric pass and before the noise. It is off by
+default; `lighting_p` turns all five on at one probability, and each has its own probability that overrides it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from envs.errors import check_range
+from envs.augment_lighting import LIGHTING, draw_lighting, lighting_
+from envs.errors import ConfigError, check_interval, check_range
 from envs.jit import maybe_compile
+
+BASIC = ("color", "translate", "shadow", "sharpen", "noise")
+"""the augmentations on by default"""
 
 
 @dataclass(frozen=True)
@@ -51,14 +59,76 @@ class AugmentConfig:
     """probability of salt-and-pepper noise"""
     noise_density: float = 0.02
     """largest fraction of pixels flipped to black or white"""
+    lighting_p: float = 0.0
+    """probability of each lighting augmentation (cast_shadow, glare, flare, motion_blur, exposure) whose own
+    probability is left unset; 0 keeps the group off"""
+    cast_shadow_p: float | None = None
+    """probability of long hard-edged cast shadows of a low sun (up to 3 bands fanning out from a vanishing point
+    on the horizon, below it); unset: lighting_p"""
+    cast_shadow_strength: tuple[float, float] = (0.35, 0.7)
+    """luma multiplier inside a cast shadow (skylight only)"""
+    cast_shadow_width_px: tuple[float, float] = (5.0, 45.0)
+    """band width at the image's bottom row (px), narrowing toward the horizon: poles and people to barriers"""
+    cast_shadow_drift: float = 0.004
+    """largest turn of the bands about the vanishing point per frame (rad), the car moving sideways to them"""
+    glare_p: float | None = None
+    """probability of specular glare: up to 3 soft elliptical patches on the floor, saturating in the core;
+    unset: lighting_p"""
+    glare_size_px: tuple[float, float] = (4.0, 24.0)
+    """semi-axis range of a glare patch (px)"""
+    glare_gain: tuple[float, float] = (0.5, 1.5)
+    """peak luma a glare patch adds before the clip at white (on a floor of luma 0.3, above 0.7 saturates)"""
+    flare_p: float | None = None
+    """probability of a lens flare from a source near the horizon or above the frame: glow, streak, a chain of 4
+    ghost discs through the image centre, and a veil; unset: lighting_p"""
+    flare_gain: tuple[float, float] = (0.4, 1.0)
+    """peak luma the flare's glow adds (the ghosts add 5-25 % of it, the veil 1-6 %)"""
+    motion_blur_p: float | None = None
+    """probability of a short directional blur; unset: lighting_p"""
+    motion_blur_px: float = 5.0
+    """longest blur (px; each window draws from 1 to this)"""
+    motion_blur_tilt_deg: float = 20.0
+    """largest tilt of the blur from horizontal (degrees): yaw dominates the camera's motion"""
+    exposure_p: float | None = None
+    """probability of an auto-exposure change at a random frame inside the window; unset: lighting_p"""
+    exposure_stops: float = 1.0
+    """largest exposure change (stops, either sign; each draw is at least a quarter of it)"""
+    exposure_ramp_frames: int = 4
+    """longest settling of the exposure change (frames; 1 = always a step)"""
+    horizon: float = 0.4
+    """image-row fraction of the horizon (the default mount, 15 degrees down with a 120-degree pinhole, puts it at
+    0.40): cast shadows and glare stay below it, flare sources at or above it"""
 
     def __post_init__(self) -> None:
-        for name in ("color_p", "translate_p", "shadow_p", "sharpen_p", "noise_p"):
-            check_range(f"augment.{name}", getattr(self, name), 0.0, 1.0)
+        for name in (*BASIC, "lighting"):
+            check_range(f"augment.{name}_p", getattr(self, f"{name}_p"), 0.0, 1.0)
+        for name in LIGHTING:
+            if getattr(self, f"{name}_p") is not None:
+                check_range(f"augment.{name}_p", getattr(self, f"{name}_p"), 0.0, 1.0)
         check_range("augment.translate_px", self.translate_px, 0, 60)
         check_range("augment.noise_density", self.noise_density, 0.0, 0.5)
         check_range("augment.brightness", self.brightness, 0.0, 1.0)
         check_range("augment.tone", self.tone, 0.0, 1.0)
+        check_interval("augment.cast_shadow_strength", self.cast_shadow_strength, 0.0, 1.0)
+        check_interval("augment.cast_shadow_width_px", self.cast_shadow_width_px, 0.5, 200.0)
+        check_range("augment.cast_shadow_drift", self.cast_shadow_drift, 0.0, 0.1)
+        check_interval("augment.glare_size_px", self.glare_size_px, 1.0, 200.0)
+        check_interval("augment.glare_gain", self.glare_gain, 0.0, 4.0)
+        check_interval("augment.flare_gain", self.flare_gain, 0.0, 4.0)
+        check_range("augment.motion_blur_px", self.motion_blur_px, 1.0, 21.0)
+        check_range("augment.motion_blur_tilt_deg", self.motion_blur_tilt_deg, 0.0, 90.0)
+        check_range("augment.exposure_stops", self.exposure_stops, 0.0, 4.0)
+        check_range("augment.exposure_ramp_frames", self.exposure_ramp_frames, 1, 60)
+        check_range("augment.horizon", self.horizon, 0.0, 0.9)
+
+    def probability(self, name: str) -> float:
+        """The probability an augmentation runs on a window (a lighting one's own, else `lighting_p`)."""
+        own = getattr(self, f"{name}_p")
+        return self.lighting_p if own is None else own
+
+    @property
+    def lighting_on(self) -> bool:
+        return any(self.probability(name) > 0.0 for name in LIGHTING)
 
     @classmethod
     def off(cls) -> AugmentConfig:
@@ -67,7 +137,9 @@ class AugmentConfig:
     @classmethod
     def only(cls, name: str) -> AugmentConfig:
         """One augmentation at probability 1, the others off (for ablations)."""
-        probs = {k: 0.0 for k in ("color_p", "translate_p", "shadow_p", "sharpen_p", "noise_p")}
+        if name not in (*BASIC, *LIGHTING):
+            raise ConfigError(f"augmentation {name!r} is unknown; known: {', '.join((*BASIC, *LIGHTING))}")
+        probs = {f"{k}_p": 0.0 for k in (*BASIC, *LIGHTING)}
         probs[f"{name}_p"] = 1.0
         return cls(**probs)
 
@@ -189,6 +261,8 @@ def augment(x: Tensor, cfg: AugmentConfig, generator: torch.Generator, compiled:
         translate_(x, [dx[i] for i in moved], [dy[i] for i in moved], moved)
     fn = _compiled_photometric if compiled else photometric_sparse
     out = fn(x, tone, gain, shift, shadow, sharp)
+    if cfg.lighting_on:  # drawn only then, so runs without the group keep their random stream
+        lighting_(out, draw_lighting(cfg, out.shape, g, dev))
     noisy = on["noise"].nonzero(as_tuple=True)[0].tolist()
     if noisy:
         salt_pepper_(out, [density[i] for i in noisy], noisy, g)

@@ -1,8 +1,22 @@
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from envs.augment import AugmentConfig, augment, photometric, photometric_sparse
+from envs.augment_lighting import (
+    LIGHTING,
+    CastShadows,
+    ExposureStep,
+    Glare,
+    MotionBlur,
+    cast_shadow_gain,
+    exposure_gain,
+    glare_light,
+    motion_blur,
+)
+from envs.errors import ConfigError
 from student.dagger import DaggerConfig, choose_actions, distillation_loss, loss_mask, teacher_probability
 from student.model import StudentConfig, StudentModel, previous_frames
 from student.networks import EncoderConfig, ImageEncoder
@@ -206,6 +220,93 @@ def test_augmentations_keep_dtype_range_and_are_seeded():
     flat = torch.full((2, 4, 1, 8, 8), 0.5)
     out = augment(flat, AugmentConfig.only("color"), torch.Generator().manual_seed(0))
     assert torch.allclose(out[:, :1].expand_as(out), out)
+
+
+def test_lighting_augmentations_keep_dtype_range_and_are_seeded():
+    """Each lighting effect at probability 1, from uint8 and float frames: float in [0, 1], same shape, the same
+    for the same seed, different for another, different from the input; at probability 0, the input."""
+    raw = torch.randint(0, 256, (3, 4, 1, 60, 80), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    scaled = raw.float() * (1.0 / 255.0)
+    for name in LIGHTING:
+        cfg = AugmentConfig.only(name)
+        for x in (raw, scaled):
+            a = augment(x, cfg, torch.Generator().manual_seed(1))
+            assert a.dtype == torch.float32 and a.shape == x.shape, name
+            assert a.min() >= 0.0 and a.max() <= 1.0, name
+            assert not torch.equal(a, scaled), name
+        assert torch.equal(a, augment(scaled, cfg, torch.Generator().manual_seed(1))), name
+        assert not torch.equal(a, augment(scaled, cfg, torch.Generator().manual_seed(2))), name
+        none = AugmentConfig(**{**vars(cfg), f"{name}_p": 0.0})
+        assert torch.allclose(augment(raw, none, torch.Generator().manual_seed(1)), scaled, atol=1e-6), name
+
+
+def test_only_the_exposure_step_changes_within_a_window():
+    """One frame repeated over each window: the exposure changes after the first frame of every window; every other
+    lighting effect is the same on all frames (cast shadows too once their drift is 0, and they turn with it)."""
+    frame = torch.rand(4, 1, 1, 60, 80, generator=torch.Generator().manual_seed(0))
+    x = frame.expand(4, 6, 1, 60, 80)
+    for name in LIGHTING:
+        out = augment(x, AugmentConfig.only(name), torch.Generator().manual_seed(3))
+        same = [torch.equal(out[:, i], out[:, 0]) for i in range(6)]
+        if name == "exposure":
+            assert torch.equal(out[:, 0], x[:, 0])  # the step comes after the first frame
+            assert all(not torch.equal(out[i, -1], out[i, 0]) for i in range(4))
+        elif name == "cast_shadow":
+            assert not all(same)
+            still = AugmentConfig(**{**vars(AugmentConfig.only(name)), "cast_shadow_drift": 0.0})
+            out = augment(x, still, torch.Generator().manual_seed(3))
+            assert all(torch.equal(out[:, i], out[:, 0]) for i in range(6))
+        else:
+            assert all(same), name
+
+
+def test_lighting_probabilities_fall_back_to_the_group_and_are_checked_by_name():
+    import tyro
+
+    cfg = tyro.cli(AugmentConfig, args=["--lighting-p", "0.3", "--glare-p", "0"])
+    assert [cfg.probability(n) for n in LIGHTING] == [0.3, 0.0, 0.3, 0.3, 0.3]
+    assert not AugmentConfig().lighting_on and AugmentConfig(exposure_p=0.1).lighting_on
+    assert AugmentConfig.only("flare").probability("flare") == 1.0 and not AugmentConfig.only("color").lighting_on
+    with pytest.raises(ConfigError, match="augment.glare_p"):
+        AugmentConfig(glare_p=1.5)
+    with pytest.raises(ConfigError, match="augment.cast_shadow_strength"):
+        AugmentConfig(cast_shadow_strength=(0.8, 0.2))
+    with pytest.raises(ConfigError, match="unknown"):
+        AugmentConfig.only("rain")
+
+
+def test_exposure_gain_and_motion_blur_by_hand():
+    two = torch.tensor([2.0, 1.0])
+    step = ExposureStep(start=two, frames=two, stops=torch.tensor([1.0, -1.0]))
+    expected = torch.tensor([[1.0, 1.0, 2**0.5, 2.0, 2.0], [1.0, 0.5, 0.5, 0.5, 0.5]])
+    assert torch.allclose(exposure_gain(step, 5), expected)
+    dot = torch.zeros(2, 1, 1, 7, 7)
+    dot[..., 3, 3] = 0.9
+    blur = MotionBlur(length=torch.tensor([3.0, 1.0]), angle=torch.tensor([0.0, 0.0]))
+    out = motion_blur(dot, blur, radius=(1, 2))
+    assert torch.allclose(out[0, 0, 0, 3, 2:5], torch.full((3,), 0.3)) and out[0].sum().item() == pytest.approx(0.9)
+    assert torch.allclose(out[1], dot[1])  # length 1: no blur
+
+
+def test_cast_shadow_and_glare_maps_by_hand():
+    """A band straight down from a vanishing point at the horizon's centre covers the bottom-centre pixel and not
+    the corners; a glare patch peaks at its gain in its centre and falls to gain/e on its ellipse."""
+    one = torch.ones(1, 1)
+    band = CastShadows(
+        vp_x=torch.tensor([40.5]), drift=torch.zeros(1), strength=torch.tensor([0.5]), foot_x=40.5 * one,
+        foot_y=80 * one, width=10 * one, side=-one, present=one.bool(),
+    )  # fmt: skip
+    gain = cast_shadow_gain(band, 2, 60, 80, horizon=20.0)  # 10 px wide at the bottom row, 5 px halfway up
+    assert gain.shape == (1, 2, 60, 80)
+    assert gain[0, 0, 59, 40] == 0.5 and gain[0, 0, 59, 0] == 1.0 and gain[0, 0, 10, 40] == 1.0
+    assert gain[0, 0, 59, 36] == 0.5 and gain[0, 0, 59, 34] == 1.0 and gain[0, 0, 39, 37] == 1.0
+    patch = Glare(
+        x=40.5 * one, y=30.5 * one, a=8 * one, b=4 * one, angle=0 * one, gain=0.8 * one, present=one.bool()
+    )  # fmt: skip
+    light = glare_light(patch, 60, 80)
+    assert light[0, 30, 40].item() == pytest.approx(0.8)
+    assert light[0, 30, 48].item() == pytest.approx(0.8 / math.e)  # a semi-axis (8 px) to the right
+    assert light[0, 34, 40].item() == pytest.approx(0.8 / math.e)  # b semi-axis (4 px) down
 
 
 def test_sparse_photometric_equals_the_fused_pass_exactly():
