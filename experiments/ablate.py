@@ -100,6 +100,7 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "redrawn-dynamics": ("--dagger.redraw-seconds", "5"),
         "dense-encoder-gradient": ("--dagger.cnn-grad-stride", "1"),
         "privileged-aux": ("--dagger.privileged-weight", "0.5"),
+        "lighting-aug": ("--augment.lighting-p", "0.3"),
     },
 }
 """each stage's variants: override flags of its script, after the base run's preset and flags"""
