@@ -59,7 +59,8 @@ class EvaluateConfig:
     """where the JSON and plots go"""
     max_speed_percent: float = 100.0
     """the car's maximum-speed setting (%) in every world evaluated, as on the DeepRacer device console: speed commands
-    are scaled by it at the car (train with a higher top speed, race with it turned down)"""
+    are scaled by it at the car (train with a higher top speed, race with it turned down). A policy trained with the
+    setting drawn per env (`--env.randomization.max-speed-percent`) is evaluated at this one setting"""
     estimation: bool = True
     """students: also score the online estimates by time since reset, and run the mid-episode shift tests"""
     estimation_envs: int = 128

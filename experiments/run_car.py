@@ -180,6 +180,8 @@ def main(cfg: RunCarConfig) -> dict:
                 num_envs=1,
                 camera=cfg.sim.camera if cfg.sim.camera != "none" else "projective",
                 max_speed_percent=cfg.max_speed_percent,
+                # the sim car at the runtime's setting: the runtime scales by it and `SimCar` undoes that
+                randomization=replace(cfg.sim.randomization, max_speed_percent=False),
             )
             car = SimCar(RacingEnv(env_cfg))
             if car.env.action_space != runtime.commands.action_space:

@@ -53,7 +53,8 @@ class EnvConfig:
     """calibration JSON (command -> measured steering and speed); empty = identity"""
     max_speed_percent: float = 100.0
     """the car's maximum-speed setting (%), as on the DeepRacer device console: every speed command is scaled by it
-    at the car; the policy's previous-action input keeps the command it chose"""
+    at the car; the policy's previous-action input keeps the command it chose. With
+    `randomization.max_speed_percent` training envs draw the setting per env instead, and evaluations drive at this"""
     control_hz: float = 15.0
     """policy rate: one action per camera frame"""
     substeps: int = 4

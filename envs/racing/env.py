@@ -40,7 +40,7 @@ from envs.racing.track import wrap_angle
 from envs.racing.track_texture import TrackScene
 from envs.state_io import check_state, dataclass_state, load_dataclass_state, substate
 
-WORLD_TENSORS = ("action_latency", "camera_latency", "action_noise", "battery")
+WORLD_TENSORS = ("action_latency", "camera_latency", "action_noise", "battery", "max_speed_percent")
 """the per-env world factors held as tensors on the `WorldSample` itself (the car's are in its `params`)"""
 BUFFERS = (
     "direction", "segment", "s", "travel", "laps", "lap_start_step", "last_lap_time", "stuck_mark",
@@ -124,7 +124,7 @@ class RacingEnv:
         capacity = int(math.ceil(max_latency_ms / 1000.0 / cfg.dt_physics)) + 2
         self.action_delay = DelayLine(n, 2, capacity, dev)
         self.pose_delay = DelayLine(n, 3, capacity, dev)
-        self.world = sample_world(rnd, n, cfg.dt_physics, self.generator, dev)
+        self.world = sample_world(rnd, n, cfg.dt_physics, self.generator, dev, cfg.max_speed_percent)
         self.visuals = sample_visuals(rnd, n, self.generator, dev)
         self.direction = torch.ones(n, device=dev)
         self.segment = zeros(dtype=torch.long)
@@ -165,7 +165,7 @@ class RacingEnv:
         """Start new episodes for `env_ids` (long `(M,)`); every other env keeps its state untouched."""
         cfg, rnd, dev = self.cfg, self.cfg.randomization, self.device
         m = env_ids.numel()
-        world = sample_world(rnd, m, cfg.dt_physics, self.generator, dev)
+        world = sample_world(rnd, m, cfg.dt_physics, self.generator, dev, cfg.max_speed_percent)
         assign_world(self.world, world, env_ids)
         visuals = sample_visuals(rnd, m, self.generator, dev)
         for name in ("asphalt", "line", "ground", "wall", "sky", "brightness"):
@@ -229,8 +229,9 @@ class RacingEnv:
         steer, speed = self.commands(actions)
         steer_cmd, speed_cmd = steer, speed
         action_obs = self.action_space.normalized(steer, speed, cfg.car.max_steering)
-        if cfg.max_speed_percent != 100.0:  # the car's speed setting: the policy does not see it
-            speed = speed * (cfg.max_speed_percent / 100.0)
+        # The car's speed setting (fixed or drawn per env) scales the command at the car, after the policy: the
+        # previous-action input (`action_obs`) keeps the command the policy chose, as the deployment runtime's does.
+        speed = speed * (self.world.max_speed_percent / 100.0)
         if cfg.randomization.action_noise:
             steer, speed = action_noise(steer, speed, self.world.action_noise, cfg.car.max_steering, self.generator)
         latency = self.world.action_latency
@@ -307,7 +308,7 @@ class RacingEnv:
 
     def _redraw_dynamics(self, env_ids: Tensor) -> None:
         """A new draw of the car's parameters and both latencies for `env_ids`, mid-episode (`redraw_seconds`); the
-        travel direction, visuals, action noise and battery stay those of the episode."""
+        travel direction, visuals, action noise, battery and speed setting stay those of the episode."""
         world = sample_world(self.cfg.randomization, env_ids.numel(), self.cfg.dt_physics, self.generator, self.device)
         for name in CarParams.__dataclass_fields__:
             getattr(self.world.params, name)[env_ids] = getattr(world.params, name)
@@ -384,7 +385,7 @@ class RacingEnv:
         """Change world factors mid-episode (friction, latency, ... shifts) for `env_ids`.
 
         Keys are CarParams fields (friction, mass_scale, motor_gain, steering_gain, steering_offset) or
-        action_latency / camera_latency (substeps), action_noise, battery.
+        action_latency / camera_latency (substeps), action_noise, battery, max_speed_percent (the speed setting, %).
         """
         for name, value in values.items():
             if name in CarParams.__dataclass_fields__:
@@ -415,7 +416,10 @@ class RacingEnv:
 
     def load_state_dict(self, state: dict[str, Tensor | int]) -> None:
         """Restore `state_dict()` output (same config and env count); a missing or misshapen entry is refused by name
-        before anything changes."""
+        before anything changes. A state saved before the speed setting was held per env restores the fixed one."""
+        key = "world.max_speed_percent"
+        if key not in state and not self.cfg.randomization.max_speed_percent:
+            state = {**state, key: torch.full_like(self.world.max_speed_percent, self.cfg.max_speed_percent)}
         check_state(self.state_dict(), state)
         for k in BUFFERS:
             getattr(self, k).copy_(state[f"buf.{k}"])

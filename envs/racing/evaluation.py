@@ -2,7 +2,9 @@
 
 A policy is any callable `obs TensorDict -> actions`. The env config is used as given (randomization included), so
 the same runner does nominal evaluation, robust evaluation (noise, several starts, both directions) and, later,
-reality-proxy evaluation.
+reality-proxy evaluation. The one exception is the car's maximum-speed setting: an evaluation reports a policy at one
+setting, the config's fixed `max_speed_percent`, even when training drew it per env (`randomization.max_speed_percent`),
+since the setting is the operator's choice at the console, not a property of the world a policy meets.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class EpisodeRecord:
     offtrack: bool
     duration: float
     path: np.ndarray = field(repr=False)
-    factors: dict[str, float] = field(default_factory=dict, repr=False)  # the episode's world (physical units)
+    factors: dict[str, float] = field(default_factory=dict, repr=False)  # the episode's world (physical units, the
+    # env factors and the speed setting `max_speed_percent`)
 
     @property
     def end_position(self) -> float:
@@ -167,10 +170,14 @@ def failures_by_section(records: list[EpisodeRecord], sections: int = 10) -> dic
 
 
 def evaluation_env_config(env_cfg: EnvConfig, cfg: EvalConfig) -> EnvConfig:
-    """The env config an evaluation runs: one env per episode, lap-count termination, its own seed."""
+    """The env config an evaluation runs: one env per episode, lap-count termination, its own seed, the car at the
+    fixed speed setting `env_cfg.max_speed_percent` (none drawn)."""
     term = replace(env_cfg.termination, episode_seconds=cfg.max_seconds, laps=cfg.laps)
+    rnd = replace(env_cfg.randomization, max_speed_percent=False)
     # Evaluation envs are small and built often: eager kernels (no per-size compilation).
-    return replace(env_cfg, num_envs=cfg.num_episodes, termination=term, seed=cfg.seed, compile=False)
+    return replace(
+        env_cfg, num_envs=cfg.num_episodes, termination=term, randomization=rnd, seed=cfg.seed, compile=False
+    )
 
 
 def episode_plan(cfg: EvalConfig) -> tuple[list[float], list[str]]:
@@ -200,6 +207,9 @@ def run_episodes(policy: Policy, env: RacingEnv, cfg: EvalConfig, reset: Callabl
     direction = torch.tensor([1.0 if d == "forward" else -1.0 for d in dirs], device=env.device)
     obs = env.reset_to(ids, torch.tensor(starts, device=env.device), direction)
     world = episode_factors(obs["env_factors"]) if "env_factors" in obs.keys() else [{} for _ in range(n)]
+    # The car's speed setting is no env factor, but part of the episode's world.
+    for factors, setting in zip(world, env.world.max_speed_percent.cpu().double().tolist(), strict=True):
+        factors["max_speed_percent"] = setting
     if reset is not None:
         reset(torch.ones(n, dtype=torch.bool, device=env.device))
     finished = torch.zeros(n, dtype=torch.bool, device=env.device)

@@ -2,6 +2,11 @@
 
 The `env_factors` observation normalizes each sampled factor with fixed bounds (`FACTOR_BOUNDS`), not with the
 configured ranges, so a factor means the same thing to a policy whatever ranges an experiment trains with.
+
+The car's maximum-speed setting (the DeepRacer console's) is drawn here too when randomized, but it is no env factor:
+it is the operator's choice at the car, applied after the policy, and `FACTOR_NAMES` is the fixed layout every saved
+teacher's factor encoder was built for. A teacher sees its effect as a student does, in the speed the car reaches for
+the command it chose.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import torch
 from torch import Tensor
 
 from envs.errors import ConfigError, check_interval, check_range
+from envs.racing.car import MAX_SPEED_PERCENT_RANGE
 from envs.racing.physics_bicycle import CarParams
 
 
@@ -36,6 +42,14 @@ class RandomizationConfig:
     """randomize the speed reached per speed command"""
     motor_gain_range: tuple[float, float] = (0.85, 1.1)
     """motor gain range"""
+    max_speed_percent: bool = False
+    """draw the car's maximum-speed setting (%, as on the DeepRacer device console) per env at reset from
+    `max_speed_percent_range` instead of driving at the fixed `env.max_speed_percent`: one policy for every console
+    setting. It scales the speed command at the car, after the policy, as on the car: the previous-action input keeps
+    the command the policy chose, and no env factor carries the setting. It stays for the whole episode
+    (`redraw_seconds` leaves it); evaluations drive at the fixed `env.max_speed_percent`"""
+    max_speed_percent_range: tuple[float, float] = (70.0, 100.0)
+    """maximum-speed setting range (%)"""
     steering_gain: bool = True
     """randomize the steering angle reached per command"""
     steering_gain_range: tuple[float, float] = (0.85, 1.1)
@@ -90,6 +104,7 @@ class RandomizationConfig:
         check_range("randomization.friction_low_share", self.friction_low_share, 0.0, 1.0)
         check_interval("randomization.mass_range", self.mass_range, 0.2, 5.0)
         check_interval("randomization.motor_gain_range", self.motor_gain_range, 0.2, 2.0)
+        check_interval("randomization.max_speed_percent_range", self.max_speed_percent_range, *MAX_SPEED_PERCENT_RANGE)
         check_interval("randomization.steering_gain_range", self.steering_gain_range, 0.2, 2.0)
         check_range("randomization.steering_offset_deg", self.steering_offset_deg, 0.0, 15.0)
         check_interval("randomization.rear_grip_range", self.rear_grip_range, 0.3, 2.0)
@@ -150,12 +165,19 @@ class WorldSample:
     camera_latency: Tensor  # long, substeps
     action_noise: Tensor  # noise scale
     battery: Tensor  # speed gain of the battery (1 = full; the training sim keeps it at 1)
+    max_speed_percent: Tensor  # the car's maximum-speed setting (%): the fixed one, or a draw per env
 
 
 def sample_world(
-    cfg: RandomizationConfig, n: int, dt_physics: float, generator: torch.Generator, device: torch.device
+    cfg: RandomizationConfig,
+    n: int,
+    dt_physics: float,
+    generator: torch.Generator,
+    device: torch.device,
+    max_speed_percent: float = 100.0,
 ) -> WorldSample:
-    """Draw car parameters, latencies and noise scales for `n` envs."""
+    """Draw car parameters, latencies, noise scales and speed settings for `n` envs (`max_speed_percent`: the fixed
+    setting, when `cfg.max_speed_percent` does not draw one)."""
 
     def pick(switch: bool, rng: tuple[float, float], nominal: float) -> Tensor:
         if switch:
@@ -175,17 +197,20 @@ def sample_world(
     cam_ms = pick(cfg.camera_latency, cfg.camera_latency_ms, cfg.nominal_camera_latency_ms)
     to_steps = lambda ms: torch.round(ms / (1000.0 * dt_physics)).long()  # noqa: E731
     noise = pick(cfg.action_noise, (0.0, cfg.action_noise_max), 0.0)
+    # Drawn after the car's factors, so those of a seeded draw are the same with and without it.
+    setting = pick(cfg.max_speed_percent, cfg.max_speed_percent_range, max_speed_percent)
     if cfg.friction and cfg.friction_low_share > 0:
         # Drawn last, so every other factor of a seeded draw is the same with and without it.
         lo, hi = cfg.friction_range
         low = uniform(lo, lo + (hi - lo) / 3.0, n, generator, device)
         use_low = uniform(0.0, 1.0, n, generator, device) < cfg.friction_low_share
         params = replace(params, friction=torch.where(use_low, low, params.friction))
-    return WorldSample(params, to_steps(act_ms), to_steps(cam_ms), noise, torch.ones(n, device=device))
+    return WorldSample(params, to_steps(act_ms), to_steps(cam_ms), noise, torch.ones(n, device=device), setting)
 
 
 def env_factors(world: WorldSample, dt_physics: float) -> Tensor:
-    """The `env_factors` observation `(N, 9)`: every randomized quantity, normalized to [-1, 1] by FACTOR_BOUNDS."""
+    """The `env_factors` observation `(N, 9)`: every randomized quantity of the car and its timing, normalized to
+    [-1, 1] by FACTOR_BOUNDS (the speed setting is none: see the module docstring)."""
     raw = {
         "friction": world.params.friction,
         "mass_scale": world.params.mass_scale,

@@ -165,7 +165,7 @@ def test_episode_records_carry_their_world():
         return driver.act(obs)
 
     records = run_episodes(act, env, plan)
-    assert sorted(records[0].factors) == sorted(FACTOR_NAMES)
+    assert sorted(records[0].factors) == sorted([*FACTOR_NAMES, "max_speed_percent"])
     assert [r.factors["friction"] for r in records] == pytest.approx(drawn["friction"], abs=1e-5)
     assert [r.factors["action_latency"] for r in records] == pytest.approx(drawn["latency"], abs=1e-6)
     assert len(set(drawn["friction"])) == len(records)  # randomized: every episode its own world
