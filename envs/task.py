@@ -195,6 +195,11 @@ class Task:
     """one record's share of `selection_metric` (its mean over the records is the metric)"""
     previous_action_dim: int = 0
     """leading columns of the `proprio` group holding the previous action: what a student reads besides the camera"""
+    teacher_previous_action: int | None = None
+    """where the `teacher` group holds the previous action, if it does: the first of its `previous_action_dim` columns,
+    counted from the group's end (racing: -2, its last two columns), holding the same values as the `proprio` group's
+    leading columns. A student acting through the teacher's frozen trunk feeds its own previous action there rather
+    than an estimate (None: the group does not hold it)"""
     student_env_config: Callable[[Any, int, int | None], Any] = lambda cfg, num_envs, max_steps: cfg
     """`(cfg, num_envs, max_steps)` -> the env config a student drives in: its sensors on (the camera), `num_envs`
     envs, episodes of at most `max_steps` control steps (None: the config's own length)"""

@@ -101,6 +101,7 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "dense-encoder-gradient": ("--dagger.cnn-grad-stride", "1"),
         "privileged-aux": ("--dagger.privileged-weight", "0.5"),
         "lighting-aug": ("--augment.lighting-p", "0.3"),
+        "frozen-teacher-head": ("--student.head", "frozen-teacher", "--dagger.privileged-weight", "0.5"),
     },
 }
 """each stage's variants: override flags of its script, after the base run's preset and flags"""

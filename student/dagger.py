@@ -66,7 +66,9 @@ class DaggerConfig:
     racing's lookahead points in the car frame, lateral offset, heading error, speed, yaw rate, steering, previous
     action), normalized as the teacher's network reads it, from the features the policy head reads (Learning by
     Cheating's privileged state made a training signal); logged as `loss/privileged` and `train/privileged_r2`.
-    0 = no privileged head: the student, its initial weights and its training are those without one"""
+    0 = no privileged head: the student, its initial weights and its training are those without one. A student with
+    `--student.head frozen-teacher` needs it above 0: there the estimate is what the teacher's frozen trunk reads (its
+    previous-action columns are the known action, exact in the loss and the R^2)"""
     redraw_seconds: float = 0.0
     """re-draw the car's dynamics and latencies every this many seconds of a collection episode
     (`randomization.redraw_seconds` of the DAgger env only; 0 keeps the teacher world's setting): several worlds

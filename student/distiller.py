@@ -58,15 +58,20 @@ from student.dagger import (
 )
 from student.loaded import FORMAT_VERSION, STUDENT_KIND, checkpoint_spec
 from student.model import OutputSpec, StudentConfig, StudentModel, StudentPolicy
-from teacher.policy import TeacherPolicy
+from student.teacher_head import teacher_head_spec
+from teacher.policy import ObsLayout, TeacherPolicy
 
 LogFn = Callable[[dict[str, float], int], None]
 
 
-def output_spec(task: Task, env, teacher: TeacherPolicy, privileged: bool = False) -> OutputSpec:
+def output_spec(
+    task: Task, env, teacher: TeacherPolicy, privileged: bool = False, frozen_head: bool = False
+) -> OutputSpec:
     """What a student distilled from `teacher` in `env` of `task` reads and predicts (`privileged`: also the teacher's
-    own observation, the `teacher` group, as an auxiliary target)."""
+    own observation, the `teacher` group, as an auxiliary target; `frozen_head`: that estimate and z-hat feed the
+    teacher's frozen trunk, which expects the env's observation layout)."""
     space = env.action_space
+    head = teacher_head_spec(teacher, task, ObsLayout.of_env(env, task.factor_names)) if frozen_head else None
     return OutputSpec(
         kind=space.kind,
         num_outputs=space.num_outputs,
@@ -75,7 +80,8 @@ def output_spec(task: Task, env, teacher: TeacherPolicy, privileged: bool = Fals
         latency_classes=task.latency_classes(env.cfg),
         proprio_dim=task.previous_action_dim,
         task=task.name,
-        privileged_dim=teacher.layout.teacher if privileged else 0,
+        privileged_dim=teacher.layout.teacher if privileged or frozen_head else 0,
+        teacher_head=head,
     )
 
 
@@ -113,6 +119,11 @@ class Distiller:
         self.eval_cfg, self.run_dir, self.teacher_path = eval_cfg, Path(run_dir), teacher_path
         self.log = log or (lambda metrics, step: None)
         self.rank = rank
+        if student_cfg.head == "frozen-teacher" and dagger_cfg.privileged_weight <= 0:
+            raise ConfigError(
+                "--student.head frozen-teacher trains its estimate of the teacher's observation with "
+                "--dagger.privileged-weight, which is 0: set it above 0 (e.g. 0.5)"
+            )
         torch.manual_seed(dagger_cfg.seed)
         self.task = task_of_config(env_cfg)
         self.env_cfg = self.task.student_env_config(env_cfg, dagger_cfg.envs, dagger_cfg.steps_per_round)
@@ -122,17 +133,19 @@ class Distiller:
         self.env = self.task.make_env(collection_world(env_share(self.env_cfg, rank, "dagger.envs"), dagger_cfg))
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
-        self.spec = output_spec(self.task, self.env, teacher, privileged=dagger_cfg.privileged_weight > 0)
+        self.spec = output_spec(
+            self.task, self.env, teacher, dagger_cfg.privileged_weight > 0, student_cfg.head == "frozen-teacher"
+        )
         # The student and the teacher run where the env's tensors are (a CUDA env: on that GPU); the mixing draws stay
         # on the CPU, the augmentation's on the device.
         self.device = torch.device(getattr(self.env_cfg, "device", "cpu"))
         teacher.to(self.device)
         self.model = StudentModel(student_cfg, self.spec).to(self.device)
-        if self.model.privileged_head is not None:  # its targets are normalized as the teacher's network reads them
-            centre, scale = teacher.observation_scale()
-            self.model.privileged_head.set_normalization(centre.to(self.device), scale.to(self.device))
+        # The privileged head's targets are normalized as the teacher's network reads them; a frozen head takes the
+        # teacher's trunk (and the optimizer never sees it).
+        self.model.adopt_teacher(teacher)
         broadcast_parameters(self.model, rank)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=dagger_cfg.learning_rate)
+        self.optimizer = torch.optim.Adam(self.model.trainable_parameters(), lr=dagger_cfg.learning_rate)
         self.policy = StudentPolicy(self.model, self.env.num_envs, self.device)
         self.eval_env = (
             self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)

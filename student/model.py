@@ -7,11 +7,18 @@ batched envs: it owns the per-env state and resets it on `done`.
 A student distilled with an auxiliary privileged-observation loss (`OutputSpec.privileged_dim` > 0) also has a
 `privileged_head` that predicts the teacher's own observation from the features the policy head reads; only
 `forward_window(..., privileged=True)` runs it, so the action path (`step`, the exported graphs) never does.
+
+A frozen-head student (`--student.head frozen-teacher`, RMA's second phase) acts through the teacher's own trunk instead
+of a free policy head: its privileged head estimates the teacher's normalized observation, its history encoder z, and
+`student.teacher_head.FrozenTeacherHead` maps the two to the action (see that module). Its output spec holds the
+teacher layout it expects (`teacher_head`); the trunk's weights are part of its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from einops import rearrange
@@ -25,6 +32,8 @@ from envs.camera_model import CameraConfig
 from envs.errors import ConfigError, check_range
 from envs.task import EstimateSpec
 from student.networks import EncoderConfig, ImageEncoder, PolicyHead, PrivilegedHead, scale_frames
+from student.teacher_head import FrozenTeacherHead, TeacherHeadSpec, check_head
+from teacher.policy import TeacherPolicy
 
 
 @dataclass(frozen=True)
@@ -38,10 +47,15 @@ class StudentConfig:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     """second-stage estimator of the latencies, friction and motor gain from the previous actions and the history
     encoder's motion estimates (used only with a history encoder)"""
+    head: Literal["free", "frozen-teacher"] = "free"
+    """the policy head: `free`, an MLP trained on the teacher's actions; `frozen-teacher`, the teacher's own trunk
+    (frozen) fed the student's estimates of the teacher's normalized observation and z (RMA's second phase): DAgger's
+    action loss trains the estimates through it, beside `--dagger.privileged-weight` (which must be above 0) and
+    `--dagger.z-weight`. Needs a history encoder (z-hat); `head_hidden` and `head_dropout` do not apply"""
     head_hidden: tuple[int, ...] = (256, 128)
-    """policy head widths"""
+    """policy head widths (free head)"""
     head_dropout: float = 0.0
-    """dropout before the policy head's output layer"""
+    """dropout before the policy head's output layer (free head)"""
     burn_in: int = 16
     """GRU only: steps of a training window that only build up the hidden state"""
 
@@ -87,6 +101,8 @@ class OutputSpec:
     privileged_dim: int = 0
     """width of the teacher's privileged observation the student predicts as an auxiliary training target (0: no such
     head; students saved before the head existed read as 0)"""
+    teacher_head: TeacherHeadSpec | None = None
+    """the teacher a frozen-head student expects and its trunk's architecture (None: a free-head student)"""
 
     def __post_init__(self) -> None:
         if list(self.latency_classes) != list(self.estimates.latencies):
@@ -97,6 +113,7 @@ class OutputSpec:
             "kind": self.kind, "num_outputs": self.num_outputs, "latent_dim": self.latent_dim,
             "estimates": self.estimates.to_dict(), "latency_classes": dict(self.latency_classes),
             "proprio_dim": self.proprio_dim, "task": self.task, "privileged_dim": self.privileged_dim,
+            "teacher_head": None if self.teacher_head is None else self.teacher_head.to_dict(),
         }  # fmt: skip
 
     @classmethod
@@ -105,6 +122,7 @@ class OutputSpec:
             str(data["kind"]), int(data["num_outputs"]), int(data["latent_dim"]),
             EstimateSpec.from_dict(data["estimates"]), {k: int(v) for k, v in data["latency_classes"].items()},
             int(data["proprio_dim"]), str(data["task"]), int(data.get("privileged_dim", 0)),
+            None if data.get("teacher_head") is None else TeacherHeadSpec.from_dict(data["teacher_head"]),
         )  # fmt: skip
 
 
@@ -143,13 +161,45 @@ class StudentModel(nn.Module):
                     "none"
                 )
             self.estimator = FactorEstimator(cfg.estimator, classes["action_latency"], classes["camera_latency"])
-        self.head = PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
+        frozen = check_head(cfg.head, cfg.history.kind, spec)
+        self.head = None if frozen else PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
         # The privileged head reads what the policy head reads: the frame's embedding (the track geometry ahead, the
         # lateral offset and heading error are in the image, and the gradient reaches the image encoder directly,
         # not through the history encoder), the history features (speed and yaw rate, and the state the delayed
         # frame lags behind, need several frames) and the previous action. Built last, so the other modules start from
         # the same weights with or without it.
         self.privileged_head = PrivilegedHead(head_in, spec.privileged_dim) if spec.privileged_dim > 0 else None
+        self.teacher_head = (
+            FrozenTeacherHead(spec.teacher_head, spec.num_outputs, spec.proprio_dim) if spec.teacher_head else None
+        )
+
+    def adopt_teacher(self, teacher: TeacherPolicy) -> None:
+        """Take what the student reads of its teacher: the privileged head's normalization (the teacher's observation
+        normalizer) and a frozen head's trunk weights (a teacher of another layout is refused, naming both)."""
+        if self.teacher_head is not None:
+            self.teacher_head.copy_teacher(teacher)
+        if self.privileged_head is not None:
+            centre, scale = teacher.observation_scale()
+            device = self.privileged_head.centre.device
+            self.privileged_head.set_normalization(centre.to(device), scale.to(device))
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        """What the optimizer updates: every parameter but a frozen head's."""
+        return (p for p in self.parameters() if p.requires_grad)
+
+    def teacher_action(self, observation: Tensor, z: Tensor, prev_action: Tensor) -> Tensor:
+        """A frozen-head student's outputs `(..., A)` from the teacher's normalized observation `(..., D)` (its
+        previous-action columns are replaced by `prev_action` `(..., P)`) and z `(..., latent_dim)`."""
+        observation = self.teacher_head.observation(observation, prev_action, self.privileged_head)
+        return self.teacher_head(observation, z)
+
+    def _act(self, features: Tensor, heads: dict[str, Tensor], prev_action: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The policy's outputs from the policy head's input `features`, and a frozen-head student's estimate of the
+        teacher's normalized observation as its trunk reads it (None for a free head)."""
+        if self.teacher_head is None:
+            return self.head(features), None
+        estimate = self.teacher_head.observation(self.privileged_head(features), prev_action, self.privileged_head)
+        return self.teacher_head(estimate, heads["z_hat"]), estimate
 
     def forward_window(
         self,
@@ -210,9 +260,10 @@ class StudentModel(nn.Module):
                     heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
                 )
             features = torch.cat([emb, h, prev_action], -1)
+        outputs, estimate = self._act(features, heads, prev_action)
         if privileged:
-            heads = {**heads, "privileged": self.privileged_head(features)}
-        return self.head(features), heads
+            heads = {**heads, "privileged": self.privileged_head(features) if estimate is None else estimate}
+        return outputs, heads
 
     def _state_parts(self) -> list[torch.Size]:
         """Per-env shapes of the deployment state's parts: history state, factor estimator inputs (if any), previous
@@ -258,10 +309,11 @@ class StudentModel(nn.Module):
         else:
             emb = self.encoder(camera)
         if self.history is None:
-            outputs, heads = self.head(torch.cat([emb, prev_action], -1)), {}
+            features, heads = torch.cat([emb, prev_action], -1), {}
         else:
             h, hist = self.history.step(torch.cat([emb, prev_action], -1), hist)
-            outputs, heads = self.head(torch.cat([emb, h, prev_action], -1)), self.history.heads(h)
+            features, heads = torch.cat([emb, h, prev_action], -1), self.history.heads(h)
+        outputs = self._act(features, heads, prev_action)[0]
         new.append(hist)
         if self.estimator is not None:
             if not self.estimator.reads_odometry:

@@ -1,4 +1,5 @@
-"""Teacher building blocks in plain torch: the environment-factor encoder μ(e) -> z and an MLP trunk with dropout."""
+"""Teacher building blocks in plain torch: the environment-factor encoder μ(e) -> z, an MLP trunk with dropout and
+the composition of the trunk's input."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def mlp(
         last = width
     layers.append(nn.Linear(last, out_dim))
     return nn.Sequential(*layers)
+
+
+def policy_input(state: Tensor, z: Tensor) -> Tensor:
+    """The policy trunk's input `(..., teacher + latent_dim)`: the normalized `teacher` group `(..., teacher)` and
+    z `(..., latent_dim)`, in that order. The teacher actor composes it from its own state and z = mu(e); a student
+    that acts through the teacher's frozen trunk composes it from its estimates of the two."""
+    return torch.cat([state, z], dim=-1)
 
 
 class FactorEncoder(nn.Module):

@@ -80,10 +80,20 @@ def check_compatible(source: str, task: Task, layout: ObsLayout, space: ActionSp
 class TeacherPolicy:
     """Deterministic teacher for inference and distillation (eval mode: dropout off)."""
 
-    def __init__(self, actor, task: Task, action_space: ActionSpec, layout: ObsLayout, env_cfg, source: str) -> None:
+    def __init__(
+        self,
+        actor,
+        task: Task,
+        action_space: ActionSpec,
+        layout: ObsLayout,
+        env_cfg,
+        source: str,
+        policy_cfg: TeacherPolicyConfig | None = None,
+    ) -> None:
         self.actor = actor.eval()
         self.task, self.action_space, self.layout, self.env_cfg = task, action_space, layout, env_cfg
         self.source = source
+        self.policy_cfg = policy_cfg  # the actor's architecture: what a student reusing its trunk rebuilds it from
 
     def reset(self, dones: Tensor) -> None:
         """The teacher is memoryless: nothing to clear (the policy interface's `reset`)."""
@@ -142,4 +152,4 @@ def load_teacher(path: str | Path, device: str = "cpu") -> TeacherPolicy:
         raise CheckpointError(
             f"{path}: actor weights do not match the saved policy config ({str(err)[:300]})"
         ) from None
-    return TeacherPolicy(actor.to(device), task, space, layout, env_cfg, str(path))
+    return TeacherPolicy(actor.to(device), task, space, layout, env_cfg, str(path), policy_cfg)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from envs.distributed import SINGLE, Rank
 from teacher.config import PPOConfig, TeacherPolicyConfig
-from teacher.networks import FactorEncoder, mlp
+from teacher.networks import FactorEncoder, mlp, policy_input
 
 
 class TeacherActorModel(MLPModel):
@@ -84,7 +84,7 @@ class TeacherActorModel(MLPModel):
 
     def get_latent(self, obs: TensorDict, masks: Tensor | None = None, hidden_state=None) -> Tensor:
         state, factors = self.split(obs)
-        return torch.cat([state, self.factor_encoder(factors)], dim=-1)
+        return policy_input(state, self.factor_encoder(factors))
 
 
 class TeacherPPO(PPO):

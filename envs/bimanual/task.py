@@ -150,6 +150,7 @@ TASK = register_task(
         selection_metric="success",
         episode_score=lambda record: float(record.success),
         previous_action_dim=10,
+        teacher_previous_action=-11,  # the previous action, then the episode's elapsed share
         student_env_config=student_env_config,
         observation_groups=observation_groups,
         latency_classes=lambda cfg: {"action_latency": cfg.randomization.action_latency[1] + 1},

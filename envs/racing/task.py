@@ -89,6 +89,7 @@ TASK = register_task(
         factor_names=tuple(FACTOR_NAMES),
         factor_bounds=FACTOR_BOUNDS,
         previous_action_dim=2,
+        teacher_previous_action=-2,
         student_env_config=student_env_config,
         observation_groups=lambda cfg: (
             "teacher",

@@ -88,6 +88,46 @@ def test_motion_student_exports_with_its_previous_frame_in_the_state(tmp_path):
         assert parity["max_logit_diff"] < 1e-4 and parity["argmax_agreement"] == 1.0, backend
 
 
+def test_a_frozen_teacher_head_student_exports_the_free_heads_interface_in_parity(tmp_path):
+    """A student acting through its teacher's frozen trunk exports the inputs and outputs a free-head student does
+    (the deployment runtime is unchanged), and the graph carries its recurrent state as the torch student does."""
+    import onnx
+    import onnxruntime as ort
+
+    from envs.task import get_task
+    from student.export import export_stateful, export_stateless, output_names
+    from student.teacher_head import teacher_head_spec
+    from teacher.config import TeacherPolicyConfig
+    from tests.helpers import in_process_teacher
+
+    teacher = in_process_teacher(TeacherPolicyConfig(hidden_dims=(32, 16), dropout=0.3))
+    free = StudentConfig(encoder=EncoderConfig(channels=(8, 8, 8), embed_dim=16))
+    spec = racing_spec("discrete", 10, 8, 7, 5)
+    head = teacher_head_spec(teacher, get_task("racing"), teacher.layout)
+    frozen = StudentModel(replace(free, head="frozen-teacher"),
+                          replace(spec, privileged_dim=teacher.layout.teacher, teacher_head=head))  # fmt: skip
+    frozen.adopt_teacher(teacher)
+    paths = [export_stateful(m, tmp_path / f"{name}.onnx") for name, m in (("free", StudentModel(free, spec)),
+                                                                            ("frozen", frozen))]  # fmt: skip
+    io = lambda g: ([i.name for i in g.input], [o.name for o in g.output])  # noqa: E731
+    assert io(onnx.load(str(paths[0])).graph) == io(onnx.load(str(paths[1])).graph)
+    export_stateless(frozen.eval(), tmp_path / "frozen_stateless.onnx", frames=2)
+    session, names = ort.InferenceSession(str(paths[1])), output_names(frozen)
+    g = torch.Generator().manual_seed(0)
+    state, exported_state = frozen.init_state(1), frozen.init_state(1).numpy()
+    with torch.no_grad():
+        for _ in range(4):
+            cam = torch.randint(0, 256, (1, 1, 120, 160), dtype=torch.uint8, generator=g)
+            prev = torch.rand(1, 2, generator=g) * 2.0 - 1.0
+            feed = {"camera": cam.float().numpy(), "prev_action": prev.numpy(), "history_in": exported_state}
+            result = dict(zip(names, session.run(names, feed)))
+            out, _, state = frozen.step(cam, prev, state)
+            exported_state = result["history_out"]
+            assert np.abs(result["action_logits"] - out.numpy()).max() <= 1e-4
+            assert np.abs(exported_state - state.numpy()).max() <= 1e-4
+    assert out.abs().max() > 0.05, "logits of order 1: the parity tolerance means something"
+
+
 def test_the_privileged_head_leaves_the_exported_graphs_as_they_were(tmp_path):
     """The privileged head is a training signal only: a student with it exports the graphs the same student without
     it does (the stateful one byte for byte; the stateless one up to the exporter's numbering of weight names)."""
