@@ -79,6 +79,7 @@ VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "entropy-0.01": ("--ppo.entropy-coef", "0.01"),
         "fast-throttle": ("--env.action-space", "fast-throttle"),
         "blind-to-grip": ("--policy.hidden-factors", "friction", "mass_scale", "motor_gain"),
+        "speed-setting": ("--env.randomization.max-speed-percent",),
     },
     "student": {
         "base": (),
