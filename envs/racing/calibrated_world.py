@@ -3,7 +3,7 @@ ranges narrowed to its spread) and the fit's report rows."""
 
 from __future__ import annotations
 
-from envs.racing.dynamics_calibration import DynamicsFit, servo_rate_dps
+from envs.racing.dynamics_calibration import NOT_WRITTEN, NUISANCE, DynamicsFit, servo_rate_dps
 
 
 def calibrated_sections(
@@ -39,6 +39,11 @@ def calibrated_sections(
     sag = v.get("battery_sag_per_minute", 0.0)
     if "battery_sag_per_minute" in fit.identified and sag > 0.005:
         notes.append(f"the battery sagged {sag:.3f} of the speed gain per minute: motor_gain is the full battery's")
+    unwritten = [n for n in NOT_WRITTEN if n in fit.identified]
+    if unwritten:
+        notes.append("fitted but not written (they describe this car's tyres and drivetrain beside the gains; the last "
+                     f"{len(NUISANCE)} are not in the training sim): "
+                     + ", ".join(f"{n} {v[n]:.4g}" for n in unwritten))  # fmt: skip
     car = {"motor_time_constant": round(v["motor_time_constant"], 4),
            "steering_time_constant": round(v["steering_time_constant"], 4)}  # fmt: skip
     effects = {

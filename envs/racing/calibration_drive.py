@@ -25,6 +25,10 @@ from envs.racing.config import EnvConfig
 from envs.racing.effects import ActuatorEffects, DelayLine
 from envs.racing.randomization import sample_world
 
+IRREGULAR_YAW_RATE = 0.2
+"""mean frame-to-frame change of the yaw rate (rad/s) in a held command's steady part above which the car slides
+irregularly (beyond its grip limit, spinning and catching): no smooth model follows that frame by frame"""
+
 
 class DegenerateLogError(GapbridgeError, ValueError):
     """A logged drive cannot identify the dynamics: too short, no variation, broken timestamps."""
@@ -259,6 +263,14 @@ def check_drive(log: DriveLog, control_hz: float, min_seconds: float = 30.0) -> 
     dropped = gaps > 1.5 * period
     valid = ~dropped & np.isfinite(log.motion).all(-1)
     flags = []
+    irregular = _irregular_holds(steer, speed, np.nan_to_num(log.motion[:, 2]) / period, control_hz)
+    for a, b, _ in irregular:
+        valid[a:b] = False
+    if irregular:
+        shown = ", ".join(f"rows {a}-{b} ({change:.2f} rad/s)" for a, b, change in irregular)
+        flags.append(f"{len(irregular)} held command(s) where the car slides irregularly, its yaw rate changing by "
+                     f"more than {IRREGULAR_YAW_RATE} rad/s from frame to frame (beyond its grip limit): {shown}; "
+                     "left out of the fit")  # fmt: skip
     if dropped.any():
         rows = np.nonzero(dropped)[0] + 1
         shown = ", ".join(str(r) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
@@ -272,9 +284,12 @@ def check_drive(log: DriveLog, control_hz: float, min_seconds: float = 30.0) -> 
     velocity = np.nan_to_num(log.motion) / period
     v_fwd, lateral_accel = velocity[:, 0], np.abs(velocity[:, 0] * velocity[:, 2])
     held = _held(np.abs(steer[:-1]) >= 10.0, int(round(control_hz)))
-    fast = held & (v_fwd > 1.0)
-    grip = bool(fast.any() and lateral_accel[fast].max() >= 0.5 * 9.81)
-    if not grip:
+    fast = held & (v_fwd > 1.0) & valid
+    grip = bool(fast.any() and lateral_accel[fast].max() >= 0.5 * 9.81) and not irregular
+    if irregular:
+        flags.append("the car slid beyond its grip limit in a held circle: grip not identifiable, friction kept at "
+                     "nominal and not written")  # fmt: skip
+    elif not grip:
         best = lateral_accel[fast].max() if fast.any() else 0.0
         flags.append(f"no steady circle at > 1 m/s reaching 0.5 g (best {best / 9.81:.2f} g): grip not identifiable, "
                      "friction kept at nominal and not written")  # fmt: skip
@@ -286,6 +301,24 @@ def check_drive(log: DriveLog, control_hz: float, min_seconds: float = 30.0) -> 
     if not slew:
         flags.append("fewer than 4 steering steps of >= 10 degrees: servo slew rate not identifiable")
     return DriveCheck(valid, grip, deadband, slew, tuple(flags))
+
+
+def _irregular_holds(
+    steer: np.ndarray, speed: np.ndarray, yaw_rate: np.ndarray, control_hz: float
+) -> list[tuple[int, int, float]]:
+    """Commands held for at least 2 s whose steady part (after the first 2/3 s) shows the yaw rate `(T-1,)` jumping
+    from frame to frame by more than IRREGULAR_YAW_RATE on average: (first row, end row, mean change) of each."""
+    out, n, start = [], len(yaw_rate), 0
+    settle, shortest = int(round(control_hz * 2 / 3)), int(round(2 * control_hz))
+    for k in range(1, n + 1):
+        if k < n and steer[k] == steer[start] and speed[k] == speed[start]:
+            continue
+        if k - start >= shortest:
+            change = float(np.abs(np.diff(yaw_rate[start + settle : k])).mean())
+            if change > IRREGULAR_YAW_RATE:
+                out.append((start, k, change))
+        start = k
+    return out
 
 
 def _held(mask: np.ndarray, rows: int) -> np.ndarray:

@@ -7,9 +7,10 @@ and deadband, DeepRacer's nonlinear throttle map, latency jitter, steering trim)
 glare patches), an equidistant fisheye lens, and a sensor with vignetting, read and shot noise.
 
 Named variants in the spirit of the DeepRacer experiments: `replica-track` (the training track rebuilt in a room),
-`office-corridor` (a carpet floor with tape lines, tiles around it, no barriers, less grip) and `sunlight` (low
-bright sun: long shadows, strong glare). A variant sets the fields the command line left at their defaults, so an
-explicit flag always wins over the variant.
+`office-corridor` (a carpet floor with tape lines, tiles around it, no barriers, less grip), `sunlight` (low
+bright sun: long shadows, strong glare) and `out-of-range` (the replica track with a car outside the `transfer`
+preset's ranges: slow actuation, a weak motor, a large steering trim; what a calibration has to find). A variant
+sets the fields the command line left at their defaults, so an explicit flag always wins over the variant.
 
     reality_env_config(policy_env_cfg, RealityConfig(variant="sunlight"))
     reality_env_config(policy_env_cfg, cfg, part="dynamics")  # proxy dynamics, training camera
@@ -44,6 +45,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "scene.glare_patches": 14,
         "scene.glare_strength": 0.8,
     },
+    "out-of-range": {"action_latency_ms": 150.0, "motor_gain": 0.7, "effects.steering_offset_deg": 4.0},
 }
 
 
@@ -62,8 +64,8 @@ def _default_scene() -> SceneConfig:
 class RealityConfig:
     """The reality proxy. Every field is settable (`--reality.<field>`); a variant fills the fields left at default."""
 
-    variant: Literal["replica-track", "office-corridor", "sunlight"] = "replica-track"
-    """named proxy: replica-track, office-corridor or sunlight"""
+    variant: Literal["replica-track", "office-corridor", "sunlight", "out-of-range"] = "replica-track"
+    """named proxy: replica-track, office-corridor, sunlight or out-of-range"""
     physics: Literal["genesis", "bicycle"] = "genesis"
     """physics backend of the proxy (the held-out contact-wheel car by default)"""
     substeps: int = 8

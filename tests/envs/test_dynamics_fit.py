@@ -85,8 +85,9 @@ def physical(**values: float) -> torch.Tensor:
     spec = CarSpec()
     base = {"motor_gain": 1.0, "motor_time_constant": spec.motor_time_constant, "throttle_exponent": 1.0,
             "steering_gain": 1.0, "steering_offset_deg": 0.0, "steering_time_constant": spec.steering_time_constant,
-            "friction": 1.0, "steering_deadband_deg": 0.0, "servo_slew": 0.0,
-            "battery_sag_per_minute": 0.0}  # fmt: skip
+            "friction": 1.0, "steering_deadband_deg": 0.0, "servo_slew": 0.0, "battery_sag_per_minute": 0.0,
+            "cornering_stiffness": spec.cornering_stiffness, "max_accel": spec.max_accel, "max_brake": spec.max_brake,
+            "turn_drag": 1.0, "steering_cubic": 0.0}  # fmt: skip
     base.update(values)
     return torch.tensor([[base[n] for n in PARAMS.names]], dtype=torch.float64)
 
@@ -109,8 +110,10 @@ def test_rollout_loss_gradient_matches_finite_differences(sim_log):
                   speed=win.speed.double())  # fmt: skip
     dt = 1.0 / HZ / 4
     smooth = [PARAMS.index(n) for n in ("motor_gain", "motor_time_constant", "throttle_exponent", "steering_gain",
-                                        "steering_offset_deg", "steering_time_constant", "friction")]  # fmt: skip
-    x = physical(motor_gain=0.97, steering_gain=1.03, steering_offset_deg=0.7, throttle_exponent=1.1, friction=0.8)
+                                        "steering_offset_deg", "steering_time_constant", "friction",
+                                        "cornering_stiffness", "turn_drag", "steering_cubic")]  # fmt: skip
+    x = physical(motor_gain=0.97, steering_gain=1.03, steering_offset_deg=0.7, throttle_exponent=1.1, friction=0.8,
+                 cornering_stiffness=15.0, turn_drag=0.6, steering_cubic=0.05)  # fmt: skip
     latency = torch.tensor([3])
 
     def loss(values: torch.Tensor) -> torch.Tensor:
@@ -141,6 +144,42 @@ def test_integer_latency_search_finds_the_loop_latency(sim_log):
         loss = window_losses(pred, win).mean(1)
     assert int(loss.argmin()) * dt * 1000 == pytest.approx(t["loop_latency_ms"], abs=1.0)
     assert float(loss.min()) < 1e-3 < float(loss.sort().values[1])
+
+
+def test_nominal_extra_terms_are_the_training_sim(sim_log):
+    """At the nominal drivetrain and steering terms the fit's model is the training sim: the drive's own motion."""
+    check = check_drive(sim_log, HZ)
+    win = make_windows(sim_log, check.valid, burn_in=6, length=15)
+    t = sim_log.truth
+    x = physical(motor_gain=t["motor_gain"], steering_gain=t["steering_gain"],
+                 steering_offset_deg=t["steering_offset_deg"], friction=t["friction"]).float()  # fmt: skip
+    with torch.no_grad():
+        loss = window_losses(rollout(x, torch.tensor([5]), win, CarSpec(), 4, 1.0 / HZ / 4), win)
+    assert float(loss.mean()) < 1e-3
+
+
+def test_tyre_and_drivetrain_terms_recovered_beside_the_gains(sim_log):
+    """A drive whose motion is the fit's model with known tyre and drivetrain terms (stiffer tyres, lower
+    acceleration limits, a drivetrain that holds its speed in turns, a steering that grows faster than linearly):
+    Adam from the nominal car, gains and trim free beside them, finds them all (every sixth window, for time)."""
+    check = check_drive(sim_log, HZ)
+    win = make_windows(sim_log, check.valid, burn_in=6, length=15)
+    keep = torch.arange(0, len(win.start), 6)
+    win = replace(win, start=win.start[keep], init_velocity=win.init_velocity[keep], segment=win.segment[keep])
+    dt, latency = 1.0 / HZ / 4, torch.tensor([5])
+    known = {"motor_gain": 0.9, "steering_gain": 0.95, "steering_offset_deg": 1.0, "cornering_stiffness": 25.0,
+             "max_accel": 3.2, "max_brake": 3.5, "turn_drag": 0.3, "steering_cubic": 0.08}  # fmt: skip
+    with torch.no_grad():
+        win = replace(win, motion=rollout(physical(**known).float(), latency, win, CarSpec(), 4, dt)[0])
+    loss = lambda unit: window_losses(rollout(PARAMS.from_unit(unit), latency, win, CarSpec(), 4, dt), win).mean(1)  # noqa: E731
+    free = [n in known for n in PARAMS.names]
+    fit = PARAMS.from_unit(adam_fit(loss, PARAMS.to_unit(physical().float()), 100, lr=0.05, free=free).unit)[0]
+    got = {n: float(fit[PARAMS.index(n)]) for n in known}
+    assert got["motor_gain"] == pytest.approx(0.9, rel=0.01) and got["steering_gain"] == pytest.approx(0.95, rel=0.01)
+    assert got["steering_offset_deg"] == pytest.approx(1.0, abs=0.1)
+    assert got["turn_drag"] == pytest.approx(0.3, abs=0.1) and got["steering_cubic"] == pytest.approx(0.08, abs=0.02)
+    assert got["max_accel"] == pytest.approx(3.2, rel=0.05) and got["max_brake"] == pytest.approx(3.5, rel=0.1)
+    assert got["cornering_stiffness"] == pytest.approx(25.0, rel=0.2)
 
 
 def test_adam_over_sets_and_bootstrap_weights():
@@ -206,6 +245,12 @@ def test_degenerate_logs_are_refused_naming_what_is_missing(sim_log):
     assert any("1 dropped frame" in f for f in check.flags) and not check.valid[499]
     check = check_drive(degenerate(sim_log, motion=sim_log.motion * [1.0, 1.0, 0.2]), HZ)  # no hard cornering
     assert not check.grip and any("grip not identifiable" in f for f in check.flags)
+    spinning = sim_log.motion.copy()  # the fastest circle's first hold, its yaw rate jumping from frame to frame
+    start = next(row for row, name, _ in calibration_protocol(HZ).segments if name == "circles-fast")
+    spinning[start + 20 : start + 60, 2] += 0.03 * (-1.0) ** np.arange(40)
+    check = check_drive(degenerate(sim_log, motion=spinning), HZ)
+    assert not check.valid[start : start + 60].any() and check.valid[start + 60 : start + 120].all()
+    assert any("slides irregularly" in f and f"rows {start}-{start + 60}" in f for f in check.flags)
 
 
 def test_calibrated_config_round_trips_through_env_file(tmp_path):

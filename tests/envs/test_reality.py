@@ -124,6 +124,10 @@ def test_reality_config_variants_and_parts():
     assert not per.randomization.friction
     office = reality_env_config(base, RealityConfig(variant="office-corridor"))
     assert not office.scene.walls and office.scene.floor == "office"
+    far = reality_env_config(base, RealityConfig(variant="out-of-range"), part="dynamics")  # outside `transfer`
+    rnd = far.randomization
+    assert rnd.nominal_action_latency_ms == 150.0 and rnd.motor_gain_range == pytest.approx((0.679, 0.721))
+    assert far.effects.steering_offset_deg == 4.0
 
 
 def test_reality_config_refuses_bad_values():
