@@ -220,6 +220,9 @@ class Task:
     """`(export folder, options)` -> how a deployed policy's outputs become actuator commands: an object with
     `num_outputs`, `previous_action_dim`, `command(action_logits) -> (command, previous_action (1, P))` and
     `stop() -> command` (racing: the DeepRacer action space, calibration table and speed setting)"""
+    expert: Callable[[Any], Any] | None = None
+    """`expert(env) -> policy`: a scripted privileged policy of the task (`act(obs)` on the training env, reading its
+    true state), which a teacher's warm start imitates; None when the task has none"""
     description: str = ""
 
     def evaluate(self, act: Act, env: Any, eval_cfg: Any, reset: Callable[[Tensor], None] | None = None) -> dict:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from envs.bimanual.config import BimanualConfig
 from envs.bimanual.env import FACTOR_BOUNDS, FACTOR_NAMES, BimanualEnv, nominal
+from envs.bimanual.expert import ScriptedExpert
 from envs.errors import check_range
 from envs.intervals import wilson_interval
 from envs.task import BoxActionSpec, EstimateSpec, Task, register_task
@@ -155,6 +156,7 @@ TASK = register_task(
         observation_groups=observation_groups,
         latency_classes=lambda cfg: {"action_latency": cfg.randomization.action_latency[1] + 1},
         dt_physics=lambda cfg: cfg.dt,
+        expert=lambda env: ScriptedExpert(env),
         description="two Franka arms lift a 0.26-0.36 m bar level and hold it, from one 96x96 grayscale camera",
     )
 )
