@@ -5,6 +5,11 @@
     python -m experiments.train_teacher default --resume runs/teacher  # continue the latest checkpoint exactly
     python -m experiments.train_teacher fast-throttle                # higher max speed in training
     torchrun --nproc-per-node 2 -m experiments.train_teacher default --distributed   # data-parallel over 2 ranks
+    python -m experiments.train_teacher default --task bimanual-lift  # the bar lift, warm-started from its expert
+
+`--warm-start.expert-steps N` (on in the bimanual presets) starts from the task's scripted expert: N control steps of
+its rollouts per env, behaviour cloning of the actor's mean and a critic fit on them, the cloned policy evaluated and
+checkpointed at iteration 0, then PPO with a cloning term of weight `bc_weight * bc_decay ** iteration` in its loss.
 
 A run directory holds `config.yaml`, `checkpoints/iter_*.pt` (every checkpoint kept), `teacher.pt` (the checkpoint
 whose periodic evaluation scored best, the latest of equals: the teacher to distill), `eval.json`, plots, and the
@@ -39,7 +44,7 @@ from envs.racing.sensor import SensorConfig
 from envs.racing.visualize import plot_trajectories
 from envs.task import task_of_config
 from experiments.cli import run
-from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.config import PPOConfig, TeacherPolicyConfig, WarmStartConfig
 from teacher.policy import TEACHER_KIND
 from teacher.trainer import TeacherTrainer, TrainerConfig, latest_checkpoint
 
@@ -56,6 +61,9 @@ class TrainTeacherConfig:
     """PPO"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """length, budget, evaluation and checkpoint cadence"""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """a warm start from the task's scripted expert (behaviour cloning, critic fit, a decaying cloning term in PPO's
+    loss); off at `expert_steps` 0"""
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(start_points=6, laps=1, max_seconds=30.0))
     """periodic evaluation: fixed start points, both directions, the training randomization"""
     final_eval: EvalConfig = field(
@@ -79,7 +87,9 @@ class TrainTeacherConfig:
     at once)"""
 
     def __post_init__(self) -> None:
-        self.policy.check_factors(task_of_config(self.env).factor_names)
+        task = task_of_config(self.env)
+        self.policy.check_factors(task.factor_names)
+        self.warm_start.check_task(task.name, task.expert is not None)
         if self.env.camera != "none":
             raise ConfigError("env.camera must be 'none' for the teacher (it reads ground truth, not images)")
 
@@ -100,7 +110,9 @@ class TrainBimanualTeacherConfig(TrainTeacherConfig):
     """the final report's evaluation (a seed the periodic evaluation never used)"""
 
     def __post_init__(self) -> None:
-        self.policy.check_factors(task_of_config(self.env).factor_names)
+        task = task_of_config(self.env)
+        self.policy.check_factors(task.factor_names)
+        self.warm_start.check_task(task.name, task.expert is not None)
         if self.env.observations.camera:
             raise ConfigError("env.observations.camera must be off for the teacher (it reads ground truth, not images)")
         if self.generalization_tracks:
@@ -164,7 +176,9 @@ def main(cfg: TrainTeacherConfig) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", config_yaml)
     t0 = time.time()
-    trainer = TeacherTrainer(cfg.env, cfg.policy, cfg.ppo, cfg.trainer, cfg.eval, run_dir, config_yaml, rank=rank)
+    trainer = TeacherTrainer(
+        cfg.env, cfg.policy, cfg.ppo, cfg.trainer, cfg.eval, run_dir, config_yaml, rank=rank, warm_start=cfg.warm_start
+    )
     if ckpt is not None:
         trainer.resume(ckpt)
         if rank.is_main:
@@ -184,6 +198,9 @@ def main(cfg: TrainTeacherConfig) -> dict:
     trainer.alg.get_policy().load_state_dict(payload["actor"])
     summary = {"train_eval": final, "iterations": trainer.iteration, "env_steps": trainer.env_steps}
     summary["world_size"] = rank.world_size
+    cloned = [h for h in trainer.history if int(h["iteration"]) == 0]
+    if cloned:  # the warm start's cloned policy, before PPO
+        summary["warm_start_eval"] = cloned[0]
     summary["checkpoint"] = str(teacher_file)
     summary["selected"] = {"checkpoint": str(selected), "iteration": int(selected_eval["iteration"]), **selected_eval}
     summary["wall_minutes"] = (time.time() - t0) / 60.0
@@ -249,14 +266,17 @@ PRESETS = {
 }  # fmt: skip
 
 BIMANUAL_PRESETS = {
-    "default": ("the two-arm bar lift at 64 envs, full randomization, 30-minute budget", TrainBimanualTeacherConfig(
+    "default": ("the two-arm bar lift at 64 envs, full randomization, 30-minute budget, warm-started from the "
+                "scripted expert", TrainBimanualTeacherConfig(
         ppo=PPOConfig(num_steps_per_env=32),
         trainer=TrainerConfig(iterations=2000, max_minutes=30.0, eval_every=25, save_every=25),
+        warm_start=WarmStartConfig(expert_steps=480, bc_epochs=50, critic_epochs=20, bc_weight=1.0, bc_decay=0.995),
     )),
     "smoke": ("a few iterations at 4 envs, 2-second episodes (checks the pipeline)", TrainBimanualTeacherConfig(
         env=BimanualConfig(num_envs=4, episode_seconds=2.0, observations=TEACHER_OBS),
         ppo=PPOConfig(num_steps_per_env=8),
         trainer=TrainerConfig(iterations=2, eval_every=2, save_every=1),
+        warm_start=WarmStartConfig(expert_steps=8, bc_epochs=2, bc_batch_size=16, critic_epochs=1, bc_weight=1.0),
         eval=BimanualEvalConfig(episodes=2),
         final_eval=BimanualEvalConfig(episodes=2),
         wandb=WandbConfig(mode="disabled"),

@@ -91,3 +91,58 @@ class PPOConfig:
         check_range("ppo.entropy_coef", self.entropy_coef, 0.0, 1.0)
         check_range("ppo.num_mini_batches", self.num_mini_batches, 1, 10_000)
         check_range("ppo.num_learning_epochs", self.num_learning_epochs, 1, 1000)
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """An expert warm start of the teacher (off at `expert_steps` 0): the task's scripted expert drives the training
+    envs, the actor's mean is cloned from its actions and the critic fitted to its returns before PPO starts, and a
+    behaviour-cloning term on those rollouts joins the PPO loss with a decaying weight (DAPG)."""
+
+    expert_steps: int = 0
+    """control steps the task's scripted expert drives every training env before PPO starts (auto-reset); 0 turns the
+    warm start off"""
+    bc_epochs: int = 50
+    """passes of behaviour cloning over the expert's rollouts (MSE of the actor's mean to the expert's action)"""
+    bc_batch_size: int = 512
+    """samples per behaviour-cloning step, in the warm start and in each PPO mini-batch's term"""
+    bc_learning_rate: float = 1e-3
+    """Adam learning rate of the behaviour cloning and of the critic's fit"""
+    critic_epochs: int = 20
+    """passes of the critic's fit to the rollouts' lambda-returns (the targets recomputed every pass)"""
+    init_std: float = 0.3
+    """action std of the cloned policy when PPO starts (continuous action spaces)"""
+    bc_weight: float = 0.0
+    """weight of the behaviour-cloning term in the PPO loss at the first iteration (0: no term)"""
+    bc_decay: float = 0.99
+    """the term's weight is `bc_weight * bc_decay ** iteration`, so PPO can leave the expert as it improves"""
+
+    def __post_init__(self) -> None:
+        check_range("warm_start.expert_steps", self.expert_steps, 0, 1_000_000)
+        check_range("warm_start.bc_epochs", self.bc_epochs, 0, 100_000)
+        check_range("warm_start.bc_batch_size", self.bc_batch_size, 1, 1_000_000)
+        check_range("warm_start.bc_learning_rate", self.bc_learning_rate, 1e-7, 1.0)
+        check_range("warm_start.critic_epochs", self.critic_epochs, 0, 100_000)
+        check_range("warm_start.init_std", self.init_std, 1e-3, 10.0)
+        check_range("warm_start.bc_weight", self.bc_weight, 0.0, 1e4)
+        check_range("warm_start.bc_decay", self.bc_decay, 0.0, 1.0)
+        if self.bc_weight > 0 and not self.enabled:
+            raise ConfigError(
+                f"warm_start.bc_weight={self.bc_weight} needs expert rollouts: set warm_start.expert_steps above 0"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.expert_steps > 0
+
+    def bc_weight_at(self, iteration: int) -> float:
+        """The behaviour-cloning term's weight in the update of PPO iteration `iteration` (0 the first)."""
+        return self.bc_weight * self.bc_decay**iteration
+
+    def check_task(self, task_name: str, has_expert: bool) -> None:
+        """Refuse a warm start for a task without a scripted expert, naming the flag and the task."""
+        if self.enabled and not has_expert:
+            raise ConfigError(
+                f"--warm-start.expert-steps {self.expert_steps}: the task {task_name!r} has no scripted expert "
+                f"(Task.expert) to warm-start from; leave --warm-start.expert-steps at 0"
+            )

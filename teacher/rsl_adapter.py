@@ -9,10 +9,15 @@ Data-parallel runs use rsl_rl's own multi-GPU machinery (gradients averaged over
 adaptive learning rate averaged, the observation normalizer's statistics reduced over ranks) on the process group that
 `envs.distributed` joined, with `gloo` as well as `nccl`; advantages are normalized with the statistics of every rank's
 rollouts, so an update on two ranks' halves of a batch equals the update on the whole batch.
+
+An auxiliary actor loss (the warm start's behaviour-cloning term) joins every mini-batch's PPO loss through the slot of
+rsl_rl's symmetry extension, the one place where its update adds a further differentiable term before the backward pass:
+its gradients are therefore averaged over the ranks and clipped together with the rest of the loss.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -87,9 +92,44 @@ class TeacherActorModel(MLPModel):
         return policy_input(state, self.factor_encoder(factors))
 
 
+class _AuxiliaryLoss:
+    """rsl_rl's symmetry-extension interface (`augment_batch`, `compute_loss`, `use_mirror_loss`, `mirror_loss_coeff`)
+    around an actor loss: rsl_rl adds `mirror_loss_coeff * compute_loss(actor, batch, n)` to each mini-batch's loss."""
+
+    use_data_augmentation = False
+    use_mirror_loss = True
+
+    def __init__(self, loss: Callable[[torch.nn.Module], Tensor], weight: float) -> None:
+        self.loss, self.mirror_loss_coeff = loss, weight
+
+    def augment_batch(self, batch, original_batch_size: int) -> None:
+        """No augmentation: the batch stays as it is."""
+
+    def compute_loss(self, actor: torch.nn.Module, batch, original_batch_size: int) -> Tensor:
+        return self.loss(actor)
+
+
 class TeacherPPO(PPO):
     """rsl_rl's PPO; on several ranks the advantages are normalized over all of them (rsl_rl normalizes each rank's
-    own)."""
+    own). With an `auxiliary_loss` (`actor -> scalar`) and a positive `auxiliary_weight`, every mini-batch's loss adds
+    `auxiliary_weight * auxiliary_loss(actor)`; `update` reports its mean as `auxiliary_name`."""
+
+    auxiliary_loss: Callable[[torch.nn.Module], Tensor] | None = None
+    auxiliary_weight: float = 0.0
+    auxiliary_name: str = "bc"
+
+    def update(self) -> dict[str, float]:
+        if self.auxiliary_loss is None or self.auxiliary_weight <= 0.0:
+            return super().update()
+        if self.symmetry is not None:
+            raise ValueError("an auxiliary loss takes the symmetry extension's place; the two cannot be combined")
+        self.symmetry = _AuxiliaryLoss(self.auxiliary_loss, self.auxiliary_weight)
+        try:
+            losses = super().update()
+        finally:
+            self.symmetry = None
+        losses[self.auxiliary_name] = losses.pop("symmetry")
+        return losses
 
     def compute_returns(self, obs: TensorDict) -> None:
         if not self.is_multi_gpu or self.normalize_advantage_per_mini_batch:

@@ -9,6 +9,11 @@ On several ranks (`envs.distributed`, launched by torchrun) each rank steps its 
 worlds and the PPO update averages the ranks' gradients; rank 0 alone evaluates, logs and writes checkpoints, which
 hold every rank's env and RNG state so that a resume with the same world size continues exactly. The wall-clock budget
 is rank 0's, so all ranks stop at the same iteration.
+
+With a warm start (`WarmStartConfig`, `teacher/warm_start.py`) the run begins with the task's scripted expert: its
+rollouts, the cloned actor and fitted critic, the cloned policy's evaluation and a checkpoint at iteration 0; the
+rollouts are written once beside the checkpoints (`expert_rollouts.pt`), and a resume reads them back for the
+behaviour-cloning term instead of warm-starting again.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from envs.distributed import SINGLE, Rank, check_world, env_share, gather, main_
 from envs.errors import GapbridgeError, check_range
 from envs.progress import stage_progress
 from envs.task import task_of_config
-from teacher.config import PPOConfig, TeacherPolicyConfig
+from teacher.config import PPOConfig, TeacherPolicyConfig, WarmStartConfig
 from teacher.policy import FORMAT_VERSION, TEACHER_KIND, ObsLayout, checkpoint_task
 from teacher.rsl_adapter import build_ppo
+from teacher.warm_start import EXPERT_FILE, EXPERT_KIND, BehaviourCloning, ExpertRollouts, run_warm_start
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -93,6 +99,7 @@ class TeacherTrainer:
         log: LogFn | None = None,
         wandb_run_id: str = "",
         rank: Rank = SINGLE,
+        warm_start: WarmStartConfig | None = None,
     ) -> None:
         self.env_cfg, self.policy_cfg, self.ppo_cfg = env_cfg, policy_cfg, ppo_cfg
         self.cfg, self.eval_cfg = trainer_cfg, eval_cfg
@@ -109,6 +116,8 @@ class TeacherTrainer:
                 f"got {type(eval_cfg).__name__}"
             )
         policy_cfg.check_factors(self.task.factor_names)
+        self.warm_cfg = warm_start or WarmStartConfig()
+        self.warm_cfg.check_task(self.task.name, self.task.expert is not None)
         self.task.require_groups(env_cfg, ("teacher", "env_factors"), "the teacher")
         self.env = self.task.make_env(env_share(env_cfg, rank))
         self.task.check_groups(self.env, ("teacher", "env_factors"), "the teacher")
@@ -122,12 +131,18 @@ class TeacherTrainer:
         self.env_steps = 0
         self.history: list[dict[str, float]] = []
         self.layout = ObsLayout.of_env(self.env, self.task.factor_names)
+        self.warm_started = False
+        self.expert_rollouts: ExpertRollouts | None = None
+        self.bc_generator = torch.Generator().manual_seed(rank.seed(trainer_cfg.seed))
+        """the warm start's shuffling and the behaviour-cloning term's draws"""
 
     # ------------------------------------------------------------------------------------------------ train
     def train(self, show_progress: bool = True) -> dict[str, float]:
         """Run until `iterations` (or the wall-clock budget); returns the last evaluation."""
         cfg, alg = self.cfg, self.alg
         start = time.time()
+        if self.warm_cfg.enabled and not self.warm_started:
+            self._warm_start()
         obs = self.env.get_observations()
         last_eval: dict[str, float] = {}
         progress = stage_progress("teacher", disable=not (show_progress and self.rank.is_main))
@@ -140,6 +155,7 @@ class TeacherTrainer:
                 obs, episode_logs, reward_sum = self._rollout(obs)
                 collect = time.time() - t0
                 alg.train_mode()
+                alg.auxiliary_weight = self.warm_cfg.bc_weight_at(self.iteration)
                 losses = alg.update()
                 for name, value in losses.items():
                     if not math.isfinite(value):
@@ -198,11 +214,77 @@ class TeacherTrainer:
             "perf/iteration_s": total_s,
         }
         metrics.update({f"loss/{k}": float(v) for k, v in losses.items()})
+        if self.alg.auxiliary_loss is not None:
+            metrics["train/bc_weight"] = float(self.alg.auxiliary_weight)
         for key in sorted({k for log in logs for k in log}):
             values = torch.cat([log[key].float().reshape(-1) for log in logs if key in log])
             if values.numel():
                 metrics[f"train/{key.split('/')[-1]}"] = float(values.mean())
         return metrics
+
+    # ------------------------------------------------------------------------------------------- warm start
+    def _warm_start(self) -> None:
+        """The expert's rollouts, the cloned actor and fitted critic; then the cloned policy's evaluation, logged with
+        the warm start's figures, and checkpoints at iteration 0 (the rollouts beside them)."""
+        expert = self.task.expert(self.env)
+        act = getattr(expert, "act", expert)
+        cfg = self.warm_cfg
+        rollouts, figures = run_warm_start(self.alg, self.env, act, cfg, self.ppo_cfg, self.bc_generator, self.rank)
+        finite = [bool(torch.isfinite(v).all()) for v in (*rollouts.obs.values(), rollouts.actions, rollouts.rewards)]
+        if not all(finite):
+            self._diverged("non-finite observation, action or reward in the expert's rollouts (warm start)")
+        self.env_steps += self.env.num_envs * self.warm_cfg.expert_steps * self.rank.world_size
+        self._use_rollouts(rollouts)
+        self.warm_started = True
+        metrics = {f"warm_start/{k}": v for k, v in figures.items()}
+        if self.rank.is_main:
+            evaluation = self.evaluate()
+            metrics.update({f"eval/{k}": v for k, v in evaluation.items()})
+            self.history.append({"iteration": 0, "env_steps": self.env_steps, **evaluation})
+        self.log(metrics, self.env_steps)
+        shares = gather(rollouts.to("cpu").to_dict(), self.rank)
+        if self.rank.is_main:
+            payload = {"kind": EXPERT_KIND, "ranks": shares, "warm_start_yaml": to_yaml(self.warm_cfg)}
+            save_atomic(payload, self.run_dir / "checkpoints" / EXPERT_FILE)
+        self.save(self.checkpoint_path(0))
+
+    def _use_rollouts(self, rollouts: ExpertRollouts) -> None:
+        """Keep the expert's rollouts and hand PPO the behaviour-cloning term drawn from them (when it has a weight)."""
+        self.expert_rollouts = rollouts
+        if self.warm_cfg.bc_weight > 0:
+            discrete = self.env.action_space.kind == "discrete"
+            term = BehaviourCloning(rollouts, self.warm_cfg.bc_batch_size, discrete, self.bc_generator)
+            self.alg.auxiliary_loss = term
+
+    def _resume_rollouts(self, path: Path, state: dict[str, Any]) -> None:
+        """The warm start's state from a checkpoint at `path`: its rollouts read back from beside it (and written beside
+        this run's checkpoints when those are elsewhere)."""
+        self.warm_started = bool(state["done"])
+        self.bc_generator.set_state(state["bc_generator"])
+        if not self.warm_started or self.warm_cfg.bc_weight == 0:
+            return  # without the term the rollouts are not needed again
+        source = path.parent / EXPERT_FILE
+        if not source.is_file():
+            raise CheckpointError(
+                f"{path}: the expert rollouts of its warm start ({source}) are missing; the behaviour-cloning term "
+                f"needs them to continue"
+            )
+        data = load_checkpoint(source, kind=EXPERT_KIND, required=("ranks",))
+        rollouts = ExpertRollouts.from_dict(data["ranks"][self.rank.rank])
+        if rollouts.fingerprint() != state["fingerprint"]:
+            raise CheckpointError(f"{source}: not the expert rollouts {path} was trained with")
+        self._use_rollouts(rollouts.to(self.alg.device))
+        own = self.run_dir / "checkpoints" / EXPERT_FILE
+        if self.rank.is_main and not own.is_file():
+            save_atomic(data, own)
+
+    def _warm_state(self) -> dict[str, Any]:
+        rollouts = self.expert_rollouts
+        return {
+            "done": self.warm_started,
+            "bc_generator": self.bc_generator.get_state(),
+            "fingerprint": rollouts.fingerprint() if rollouts is not None else 0.0,
+        }
 
     def _diverged(self, message: str) -> None:
         name = f"diverged_rank{self.rank.rank}.pt" if self.rank.distributed else "diverged.pt"
@@ -254,16 +336,22 @@ class TeacherTrainer:
             "git_sha": git_sha(),
             "wandb_run_id": self.wandb_run_id,
             "world_size": self.rank.world_size,
+            "warm_start_yaml": to_yaml(self.warm_cfg),
+            "warm_start": self._warm_state(),
         }
         if self.rank.distributed and collective:
-            payload["ranks"] = gather({"env_state": payload["env_state"], "rng": payload["rng"]}, self.rank)
+            own = {key: payload[key] for key in ("env_state", "rng", "warm_start")}
+            payload["ranks"] = gather(own, self.rank)
         return payload
 
     def selected_checkpoint(self) -> tuple[Path, dict[str, float]]:
         """The checkpoint whose periodic evaluation scored best (the task's primary metric, then its selection
         metric; ties go to the later one) and that evaluation. PPO's last update is not always its best: a final
-        policy picked on the evaluation guards against a late dip."""
-        saved = [h for h in self.history if self.checkpoint_path(int(h["iteration"])).is_file()]
+        policy picked on the evaluation guards against a late dip. The warm start's cloned policy (iteration 0) is
+        not a candidate: the run's teacher is one PPO trained."""
+        saved = [
+            h for h in self.history if int(h["iteration"]) > 0 and self.checkpoint_path(int(h["iteration"])).is_file()
+        ]
         if not saved:
             raise CheckpointError(f"{self.run_dir / 'checkpoints'}: no evaluated checkpoint to select")
         primary, selection = self.task.primary_metric, self.task.selection_metric
@@ -299,6 +387,8 @@ class TeacherTrainer:
                 raise CheckpointError(
                     f"{path}: {key[:-5]} configuration differs from this run's; resume needs the same"
                 )
+        if data.get("warm_start_yaml", to_yaml(WarmStartConfig())) != to_yaml(self.warm_cfg):
+            raise CheckpointError(f"{path}: warm_start configuration differs from this run's; resume needs the same")
         check_world(int(data.get("world_size", 1)), self.rank, str(path))
         alg = self.alg
         try:
@@ -313,6 +403,8 @@ class TeacherTrainer:
         own = data["ranks"][self.rank.rank] if self.rank.distributed else data
         self.env.load_state_dict(own["env_state"])
         set_rng_state(own["rng"])
+        if "warm_start" in own:
+            self._resume_rollouts(Path(path), own["warm_start"])
         self.iteration, self.env_steps = int(data["iteration"]), int(data["env_steps"])
         self.history = json.loads(data["history"])
         self.wandb_run_id = data["wandb_run_id"] or self.wandb_run_id

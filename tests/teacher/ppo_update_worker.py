@@ -5,12 +5,14 @@
 
 Every process first records the same rollout of `N` envs (same seed, synthetic observations and rewards, the policy's
 own sampled actions); a rank then keeps its slice of the envs and updates on it with the gradients, advantage
-statistics, KL and observation-normalizer statistics reduced over the ranks. Rank 0 (or the single process) writes the
-actor and critic weights before and after the update.
+statistics, KL and observation-normalizer statistics reduced over the ranks. The same update is then repeated from the
+same weights with a behaviour-cloning term in the loss (a fixed set of expert samples, each rank holding its half).
+Rank 0 (or the single process) writes the actor and critic weights before and after either update.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from envs.racing.env import RacingEnv
 from envs.task import get_task
 from teacher.config import PPOConfig, TeacherPolicyConfig
 from teacher.rsl_adapter import build_ppo
+from teacher.warm_start import imitation_loss
 from tests.helpers import small_env_config
 
 STEPS, ENVS = 6, 8
@@ -50,6 +53,8 @@ def main(out: str) -> None:
         dones = torch.rand(ENVS, generator=g) < 0.1
         full.process_env_step(synthetic(), rewards, dones, {})
     last = synthetic()
+    expert_obs = synthetic().select("teacher", "env_factors")  # one expert sample per env
+    expert_actions = torch.randint(env.action_space.num_outputs, (ENVS, 1), generator=g).float()
     before = {k: v.clone() for k, v in full.get_policy().state_dict().items()}
     alg = full
     if rank.distributed:
@@ -66,11 +71,26 @@ def main(out: str) -> None:
         dst.distribution_params = tuple(p[:, part].clone() for p in src.distribution_params)
         dst.step = STEPS
         last = last[part]
+        expert_obs, expert_actions = expert_obs[part], expert_actions[part]
     alg.compute_returns(last)
+    start = copy.deepcopy(
+        (alg.get_policy().state_dict(), alg._raw_critic.state_dict(), alg.optimizer.state_dict(), alg.learning_rate)
+    )
+    torch.manual_seed(2)
     alg.update()
+    result = {"before": before, "actor": copy.deepcopy(alg.get_policy().state_dict())}
+    result["critic"] = copy.deepcopy(alg._raw_critic.state_dict())
+    actor, critic, optimizer, alg.learning_rate = copy.deepcopy(start)
+    alg.get_policy().load_state_dict(actor)
+    alg._raw_critic.load_state_dict(critic)
+    alg.optimizer.load_state_dict(optimizer)
+    alg.auxiliary_loss = lambda model: imitation_loss(model, expert_obs, expert_actions, discrete=True)
+    alg.auxiliary_weight = 0.5
+    torch.manual_seed(2)
+    alg.update()  # the storage keeps its rollout: `update` only rewinds its write cursor
+    result["actor_bc"], result["critic_bc"] = alg.get_policy().state_dict(), alg._raw_critic.state_dict()
     if rank.is_main:
-        after = alg.get_policy().state_dict()
-        torch.save({"before": before, "actor": after, "critic": alg._raw_critic.state_dict()}, out)
+        torch.save(result, out)
     shutdown(rank if rank.distributed else SINGLE)
 
 

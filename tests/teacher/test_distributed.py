@@ -31,7 +31,9 @@ def run(args, timeout=180, **kw):
 
 def test_two_rank_update_equals_the_single_process_update(tmp_path):
     """Same recorded rollout of 8 envs: one process updates on all of them, two ranks on 4 each (gradients, KL,
-    advantage and normalizer statistics reduced); the weights agree to 1e-5 and the update moved them."""
+    advantage and normalizer statistics reduced); the weights agree to 1e-5 and the update moved them. So do they with
+    the warm start's behaviour-cloning term in the loss (each rank cloning its half of the expert samples), which
+    changes the update."""
     worker = str(ROOT / "tests" / "teacher" / "ppo_update_worker.py")
     single, double = tmp_path / "single.pt", tmp_path / "double.pt"
     proc = run([sys.executable, worker, str(single)])
@@ -39,11 +41,12 @@ def test_two_rank_update_equals_the_single_process_update(tmp_path):
     proc = run([*TORCHRUN, worker, str(double)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = torch.load(single), torch.load(double)
-    for part in ("actor", "critic"):
+    for part in ("actor", "critic", "actor_bc", "critic_bc"):
         for key, value in a[part].items():
             assert torch.allclose(value.double(), b[part][key].double(), atol=1e-5, rtol=0), (part, key)
     moved = max(float((a["actor"][k] - a["before"][k]).abs().max()) for k in a["actor"] if "normalizer" not in k)
-    assert moved > 1e-3
+    cloned = max(float((a["actor_bc"][k] - a["actor"][k]).abs().max()) for k in a["actor"] if "normalizer" not in k)
+    assert moved > 1e-3 and cloned > 1e-4
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:
@@ -124,3 +127,20 @@ def test_env_share_and_per_rank():
     assert per_rank(12, Rank(1, 3, 1), "dagger.batch_windows") == 4
     with pytest.raises(ConfigError, match="dagger.batch_windows 12 is not divisible by the world size 5"):
         per_rank(12, Rank(0, 5, 0), "dagger.batch_windows")
+
+
+def test_two_rank_warm_start_keeps_the_ranks_equal_and_resumes_exactly(tmp_path):
+    """Each rank records the expert in its own envs; after the cloning (gradients averaged, normalizer statistics
+    reduced) and after PPO with the cloning term, both ranks hold the same weights; a resume from iteration 1 reads each
+    rank's rollouts back and ends with the uninterrupted run's weights."""
+    proc = run([*TORCHRUN, str(ROOT / "tests" / "teacher" / "warm_start_worker.py"), str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(tmp_path / "result.pt")
+    assert result["rollouts"] == [20 * 8, 20 * 8]
+    for stage in ("cloned", "final", "resumed"):
+        zero, one = result[stage]
+        assert all(torch.allclose(zero[k], one[k], atol=1e-6, rtol=0) for k in zero), stage
+    final, resumed = result["final"][0], result["resumed"][0]
+    assert all(torch.equal(final[k], resumed[k]) for k in final)
+    saved = torch.load(tmp_path / "a" / "checkpoints" / "expert_rollouts.pt")
+    assert len(saved["ranks"]) == 2 and (tmp_path / "b" / "checkpoints" / "expert_rollouts.pt").is_file()
