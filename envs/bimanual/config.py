@@ -8,6 +8,7 @@ field. The defaults are the ranges in which the scripted grasp holds the bar.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from envs.errors import ConfigError, check_interval, check_range
 from envs.genesis_import import GenesisConfig
@@ -66,9 +67,13 @@ class ObservationConfig:
     proprio: bool = True
     """what the arms report: previous action, joint positions, gripper widths, an estimated TCP wrench"""
     camera: bool = False
-    """one fixed grayscale camera over the table (slow: a rasterized image per env per step)"""
+    """one fixed grayscale camera over the table"""
     camera_res: int = 96
     """square image side (pixels)"""
+    camera_renderer: Literal["genesis", "raycast"] = "raycast"
+    """who renders the camera: 'raycast', the batched torch ray caster of primitives fitted to the arms (fast
+    enough for a camera student on a CPU), or 'genesis', Genesis' rasterizer of the arms' visual meshes (a detailed
+    look, rendered one env after another and far slower)"""
     joint_noise: float = 0.002
     """standard deviation of the joint encoder noise (rad)"""
     wrench_noise: float = 0.5
@@ -78,6 +83,8 @@ class ObservationConfig:
 
     def __post_init__(self) -> None:
         check_range("observations.camera_res", self.camera_res, 16, 512)
+        if self.camera_renderer not in ("genesis", "raycast"):
+            raise ConfigError(f"observations.camera_renderer={self.camera_renderer!r}; use 'genesis' or 'raycast'")
         check_range("observations.joint_noise", self.joint_noise, 0.0, 0.1)
         check_range("observations.wrench_noise", self.wrench_noise, 0.0, 10.0)
         check_range("observations.wrench_bias_walk", self.wrench_bias_walk, 0.0, 1.0)

@@ -5,8 +5,10 @@ cube) rests at the table centre. The table top is the collision plane z = 0 (a h
 `table_size` sets the extent that a camera sees. The object's friction against the fingers is the larger of the two
 geoms' frictions (Genesis takes the maximum of a contact pair), so both are set to the same value. Per-env physical
 parameters (friction, object mass and centre of mass, arm gains) are written through the solver with `envs_idx`; arm
-gains per env need `batch_dofs_info=True`, which every physics step pays for. The first build of a scene kind
-compiles kernels (tens of seconds, cached under ~/.cache); later builds take seconds.
+gains per env need `batch_dofs_info=True`, which every physics step pays for. The camera over the table renders
+through Genesis' rasterizer (the Panda's visual meshes, one env after another) or through the batched ray caster of
+`envs/bimanual/camera.py` (fitted primitives); `camera_renderer` picks one and `render_gray` dispatches. The first
+build of a scene kind compiles kernels (tens of seconds, cached under ~/.cache); later builds take seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from envs.bimanual.camera import (
+    BACKGROUND,
+    CAMERA_FOV,
+    CAMERA_LOOKAT,
+    CAMERA_POS,
+    CAMERA_UP,
+    OBJECT_COLOR,
+    TABLE_COLOR,
+    RaycastCamera,
+    scene_geometry,
+)
 from envs.errors import ConfigError, check_range
 from envs.genesis_import import GenesisConfig, init_genesis
 
@@ -67,6 +80,9 @@ class SceneConfig:
     """add a camera that renders one grayscale image per env"""
     camera_res: int = 96
     """square camera image side (pixels)"""
+    camera_renderer: Literal["genesis", "raycast"] = "raycast"
+    """who renders the camera: 'raycast', the batched torch ray caster of fitted primitives (fast), or 'genesis',
+    Genesis' rasterizer of the arms' visual meshes (a detailed look, one env after another)"""
     genesis: GenesisConfig = field(default_factory=GenesisConfig)
     """engine settings, fixed by the first Genesis scene of a process"""
 
@@ -79,6 +95,8 @@ class SceneConfig:
         check_range("scene.dt", self.dt, 1e-4, 0.02)
         check_range("scene.decimation", self.decimation, 1, 50)
         check_range("scene.camera_res", self.camera_res, 16, 512)
+        if self.camera_renderer not in ("genesis", "raycast"):
+            raise ConfigError(f"scene.camera_renderer={self.camera_renderer!r}; use 'genesis' or 'raycast'")
         if self.object_kind not in ("bar", "cube"):
             raise ConfigError(f"scene.object_kind={self.object_kind!r}; use 'bar' or 'cube'")
         if any(not 0.01 <= s <= 0.6 for s in self.object_size):
@@ -106,6 +124,9 @@ class BimanualScene:
     arms: tuple[object, object]
     object: object
     camera: object | None
+    """the Genesis camera (`camera_renderer='genesis'`)"""
+    raycaster: RaycastCamera | None
+    """the ray caster (`camera_renderer='raycast'`)"""
     hands: tuple[object, object]
     arm_dofs: list[int]
     """local dof indices of the seven arm joints"""
@@ -183,7 +204,9 @@ class BimanualScene:
         self.object.set_qpos(torch.cat([object_pos, quat], -1), envs_idx=envs_idx, zero_velocity=True)
 
     def render_gray(self) -> Tensor:
-        """`(N, 1, H, W)` uint8 grayscale images, one per env."""
+        """`(N, 1, H, W)` uint8 grayscale images, one per env, from the renderer of `cfg.camera_renderer`."""
+        if self.raycaster is not None:
+            return self.raycaster.render(self.solver.get_links_pos(), self.solver.get_links_quat())
         if self.camera is None:
             raise ConfigError("this scene has no camera; build it with scene.camera=True")
         rgb = self.camera.render(rgb=True, force_render=True)[0]
@@ -191,6 +214,21 @@ class BimanualScene:
         if rgb.dim() == 3:
             rgb = rgb.unsqueeze(0)
         return (rgb @ torch.tensor(LUMA)).round().clamp_(0, 255).to(torch.uint8).unsqueeze(1)
+
+    def render_links(self) -> Tensor:
+        """`(N, H, W)` long: the solver link each pixel shows (Genesis' segmentation, or the ray caster's), -1 for
+        the background and the table."""
+        if self.raycaster is not None:
+            return self.raycaster.render_links(self.solver.get_links_pos(), self.solver.get_links_quat())
+        if self.camera is None:
+            raise ConfigError("this scene has no camera; build it with scene.camera=True")
+        seg = torch.as_tensor(self.camera.render(rgb=False, segmentation=True, force_render=True)[2]).long()
+        index = self.scene.segmentation_idx_dict  # segmentation index -> (entity, link), 0 -> background
+        lookup = torch.full((max(index) + 1,), -1, dtype=torch.long)
+        for idxc, key in index.items():
+            if isinstance(key, tuple) and key[-1] > 0:  # link 0 is the table plane
+                lookup[idxc] = key[-1]
+        return lookup[seg].reshape(-1, *seg.shape[-2:])
 
     def close(self) -> None:
         try:
@@ -211,12 +249,13 @@ def object_mjcf(size: tuple[float, float, float], mass: float) -> str:
 def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> BimanualScene:
     """Build the Genesis scene for `cfg.num_envs` envs, with the nominal friction, mass and gains everywhere."""
     gs = init_genesis(torch.device(device), cfg.genesis)
+    rasterized = cfg.camera and cfg.camera_renderer == "genesis"
     vis = {}
-    if cfg.camera:
+    if rasterized:
         vis = dict(
             vis_options=gs.options.VisOptions(
                 split_envs=True, shadow=False, plane_reflection=False, show_world_frame=False,
-                background_color=(0.6, 0.6, 0.6), ambient_light=(0.4, 0.4, 0.4),
+                background_color=(BACKGROUND,) * 3, ambient_light=(0.4, 0.4, 0.4),
             )
         )  # fmt: skip
     scene = gs.Scene(
@@ -231,7 +270,7 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
     scene.add_entity(
         gs.morphs.Plane(plane_size=(sx, sy), tile_size=(sx, sy)),
         material=gs.materials.Rigid(friction=0.5),
-        surface=gs.surfaces.Default(color=(0.55, 0.45, 0.35)),
+        surface=gs.surfaces.Default(color=TABLE_COLOR),
     )
     d = cfg.arm_distance
     arms = tuple(
@@ -249,12 +288,12 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
         obj = scene.add_entity(
             gs.morphs.MJCF(file=str(path), pos=(0.0, 0.0, size[2] / 2), align=False),
             material=gs.materials.Rigid(friction=1.0),
-            surface=gs.surfaces.Default(color=(0.9, 0.9, 0.9)),
+            surface=gs.surfaces.Default(color=OBJECT_COLOR),
         )
     camera = None
-    if cfg.camera:
-        res = (cfg.camera_res, cfg.camera_res)
-        camera = scene.add_camera(res=res, pos=(0.0, -1.1, 0.9), lookat=(0.0, 0.0, 0.1), fov=55, GUI=False)
+    if rasterized:
+        pose = dict(pos=CAMERA_POS, lookat=CAMERA_LOOKAT, up=CAMERA_UP, fov=CAMERA_FOV)
+        camera = scene.add_camera(res=(cfg.camera_res, cfg.camera_res), **pose, GUI=False)
     scene.build(n_envs=cfg.num_envs)
 
     arm_dofs = [arms[0].get_joint(f"joint{i + 1}").dofs_idx_local[0] for i in range(ARM_JOINTS)]
@@ -266,13 +305,15 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
         arm.set_dofs_force_range(-torque, torque, arm_dofs)
     finger_links = [arm.get_link(name) for arm in arms for name in ("left_finger", "right_finger")]
     bs = BimanualScene(
-        cfg=cfg, gs=gs, scene=scene, arms=arms, object=obj, camera=camera,
+        cfg=cfg, gs=gs, scene=scene, arms=arms, object=obj, camera=camera, raycaster=None,
         hands=(arms[0].get_link("hand"), arms[1].get_link("hand")),
         arm_dofs=arm_dofs, finger_dofs=finger_dofs,
         finger_geoms=[g for link in finger_links for g in range(link.geom_start, link.geom_end)],
         object_geoms=list(range(obj.geom_start, obj.geom_end)),
         nominal_object_com=scene.rigid_solver.get_links_COM([obj.link_start])[0, 0].clone(),
     )  # fmt: skip
+    if cfg.camera and not rasterized:
+        bs.raycaster = RaycastCamera(scene_geometry(bs), cfg.camera_res, device=device)
     everyone = torch.arange(cfg.num_envs)
     bs.set_friction(torch.full((cfg.num_envs,), cfg.friction), everyone)
     bs.set_object_mass(torch.full((cfg.num_envs,), cfg.object_mass), everyone)

@@ -2,6 +2,7 @@
 
     python -m experiments.research.bimanual_probe default
     python -m experiments.research.bimanual_probe default --measurements slip
+    python -m experiments.research.bimanual_probe default --measurements camera --threads 1
     python -m experiments.research.bimanual_probe smoke
 
 `slip`: the scripted grasp (approach above the bar's ends, descend, close with a finger force, lift 0.15 m, hold) on
@@ -9,9 +10,11 @@ every cell of bar mass x friction x finger force, all cells in one batched scene
 its own random bar pose); per cell the bar's displacement relative to the two TCPs over the lift and over the hold
 (mm), the drop rate, and the largest box of grid values in which the script holds the bar (the training range
 suggested). `throughput`: env-steps/s of the full 20 Hz control step (IK of both arms, the physics steps, the state
-reads) during the grasp, at each env count, with `batch_dofs_info` off and on. `camera`: 96x96 grayscale images/s at
-each env count. `setters`: friction, object mass, centre-of-mass shift and arm gains written on one env each; every
-other env keeps its values and its motion (compared with a run before the change). Writes `bimanual_probe.json`.
+reads) during the grasp, at each env count, with `batch_dofs_info` off and on. `camera`: 96x96 grayscale images/s of
+each renderer (Genesis' rasterizer, the ray caster) at each env count, timed around the render while the scripted
+grasp runs, and the silhouette IoU of arms and object between the ray caster and Genesis' segmentation. `setters`:
+friction, object mass, centre-of-mass shift and arm gains written on one env each; every other env keeps its values
+and its motion (compared with a run before the change). Writes `bimanual_probe.json`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from rich.table import Table
 from torch import Tensor
 
+from envs.bimanual.camera import RaycastCamera, scene_geometry
 from envs.bimanual.control import BimanualController, GraspScript, ScriptedGrasp, grasp_points, grasp_yaw
 from envs.bimanual.observations import read_state
 from envs.bimanual.scene import BimanualScene, SceneConfig, build_scene
@@ -65,8 +69,12 @@ class ProbeConfig:
     """env counts of the throughput measurement"""
     camera_envs: tuple[int, ...] = (16, 32)
     """env counts of the camera measurement"""
+    camera_renderers: tuple[Literal["genesis", "raycast"], ...] = ("genesis", "raycast")
+    """renderers the camera measurement compares"""
     camera_frames: int = 20
-    """frames rendered per camera measurement"""
+    """frames rendered per camera measurement (control steps around the descent and the grasp)"""
+    threads: int = 0
+    """torch threads (0: leave torch's default)"""
     scene: SceneConfig = field(default_factory=SceneConfig)
     """the bar and the scene (num_envs and batch_dofs_info are set per measurement)"""
     script: GraspScript = field(default_factory=GraspScript)
@@ -81,6 +89,10 @@ class ProbeConfig:
             raise ConfigError("--measurements is empty; choose from slip, throughput, camera, setters")
         if self.repeats < 1:
             raise ConfigError(f"--repeats={self.repeats}; need at least 1")
+        if any(r not in ("genesis", "raycast") for r in self.camera_renderers):
+            raise ConfigError(f"--camera-renderers={self.camera_renderers!r}; choose from genesis, raycast")
+        if not 0 <= self.threads <= 256:
+            raise ConfigError(f"--threads={self.threads}; allowed [0, 256]")
 
 
 def random_bar_poses(n: int, cfg: ProbeConfig, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -220,46 +232,80 @@ def measure_throughput(cfg: ProbeConfig, console) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------ camera
-def measure_camera(cfg: ProbeConfig, console, out_dir: Path) -> dict:
-    rows = []
-    for n in cfg.camera_envs:
-        bs = build_scene(replace(cfg.scene, num_envs=n, camera=True, batch_dofs_info=False))
-        ctrl = BimanualController(bs)
-        zero = torch.zeros(n, 2)
-        ctrl.step(torch.zeros(n, 2, 3), zero, zero)
-        t0 = time.perf_counter()
-        first = bs.render_gray()
-        first_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(cfg.camera_frames):
-            ctrl.step(torch.zeros(n, 2, 3), zero, zero)
-            img = bs.render_gray()
-        total = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(cfg.camera_frames):
-            ctrl.step(torch.zeros(n, 2, 3), zero, zero)
-        physics = time.perf_counter() - t0
-        render = total - physics
-        images = n * cfg.camera_frames
-        rows.append({"envs": n, "res": cfg.scene.camera_res, "shape": list(img.shape), "first_frame_s": first_s,
-                     "images_per_s": images / render, "ms_per_image": 1000 * render / images,
-                     "control_steps_per_s_with_camera": cfg.camera_frames / total,
-                     "control_steps_per_s_without": cfg.camera_frames / physics})  # fmt: skip
-        if n == cfg.camera_envs[0]:
-            import cv2
+def silhouette_iou(a: Tensor, b: Tensor) -> Tensor:
+    """`(N,)` intersection over union of boolean masks `(N, H, W)` (1 where both are empty)."""
+    inter, union = (a & b).flatten(1).sum(-1), (a | b).flatten(1).sum(-1)
+    return torch.where(union > 0, inter / union.clamp(min=1), torch.ones(()))
 
-            out_dir.mkdir(parents=True, exist_ok=True)
-            cv2.imwrite(str(out_dir / "bimanual_probe_camera.png"), first[0, 0].numpy())
-        bs.close()
-    table = Table(title=f"camera {cfg.scene.camera_res}x{cfg.scene.camera_res} gray, one image per env")
-    for col in ("envs", "images/s", "ms/image", "control steps/s with / without", "first frame s"):
+
+def camera_agreement(bs: BimanualScene) -> dict:
+    """IoU of what the ray caster and Genesis' segmentation call arm and object, per env, on a Genesis scene."""
+    raycaster = RaycastCamera(scene_geometry(bs), bs.cfg.camera_res)
+    poses = bs.solver.get_links_pos(), bs.solver.get_links_quat()
+    genesis, mine = bs.render_links(), raycaster.render_links(*poses)
+    obj = bs.object_link
+    arm = lambda links: (links >= 0) & (links != obj)  # noqa: E731
+    images = torch.cat([bs.render_gray(), raycaster.render(*poses)])
+    return {"arms": silhouette_iou(arm(genesis), arm(mine)).tolist(),
+            "object": silhouette_iou(genesis == obj, mine == obj).tolist(), "images": images}  # fmt: skip
+
+
+def measure_camera(cfg: ProbeConfig, console, out_dir: Path) -> dict:
+    """Images/s of each renderer while the scripted grasp runs (arms reaching into view), timed around the render."""
+    rows: list[dict] = []
+    held: dict = {}  # the agreement with Genesis, measured once on the first Genesis scene
+    begin = max(0, cfg.script.phases()["descend"][0] - cfg.camera_frames // 2)  # around the descent and the grasp
+    shots = range(begin, begin + cfg.camera_frames)
+    for renderer in cfg.camera_renderers:
+        for n in cfg.camera_envs:
+            scene = replace(cfg.scene, num_envs=n, camera=True, camera_renderer=renderer, batch_dofs_info=False)
+            bs = build_scene(scene)
+            ctrl = BimanualController(bs)
+            pos, yaw = random_bar_poses(n, cfg, torch.Generator().manual_seed(cfg.seed))
+            t0 = time.perf_counter()
+            bs.render_gray()
+            first_s = time.perf_counter() - t0
+            render_s: list[float] = []
+
+            def shoot(k: int, bs=bs, render_s=render_s, renderer=renderer) -> None:
+                if k in shots:
+                    t0 = time.perf_counter()
+                    bs.render_gray()
+                    render_s.append(time.perf_counter() - t0)
+                if k == shots[len(shots) // 2] and renderer == "genesis" and not held:
+                    held.update(camera_agreement(bs))
+
+            t0 = time.perf_counter()
+            run_grasp(bs, ctrl, cfg.script, torch.full((n,), cfg.scene.finger_force), pos, yaw, shoot)
+            step_s = (time.perf_counter() - t0 - sum(render_s)) / cfg.script.total_steps
+            frame_s = sum(render_s) / len(render_s)
+            rows.append({"renderer": renderer, "envs": n, "res": cfg.scene.camera_res, "first_frame_s": first_s,
+                         "images_per_s": n / frame_s, "ms_per_image": 1000 * frame_s / n,
+                         "control_steps_per_s_with_camera": 1 / (step_s + frame_s),
+                         "control_steps_per_s_without": 1 / step_s})  # fmt: skip
+            bs.close()
+    table = Table(title=f"camera {cfg.scene.camera_res}x{cfg.scene.camera_res} gray during the grasp, torch threads "
+                  f"{torch.get_num_threads()}")  # fmt: skip
+    for col in ("renderer", "envs", "images/s", "ms/image", "control steps/s with / without", "first frame s"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r["envs"]), f"{r['images_per_s']:.0f}", f"{r['ms_per_image']:.2f}",
+        table.add_row(r["renderer"], str(r["envs"]), f"{r['images_per_s']:.0f}", f"{r['ms_per_image']:.2f}",
                       f"{r['control_steps_per_s_with_camera']:.1f} / {r['control_steps_per_s_without']:.1f}",
                       f"{r['first_frame_s']:.2f}")  # fmt: skip
     console.print(table)
-    return {"rows": rows}
+    result: dict = {"rows": rows}
+    if held:
+        import cv2
+
+        images = held.pop("images")  # (2n, 1, H, W): Genesis, then the ray caster
+        k = min(4, images.shape[0] // 2)
+        grid = torch.cat([torch.cat(list(images[:k, 0]), 1), torch.cat(list(images[images.shape[0] // 2 :][:k, 0]), 1)])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(out_dir / "bimanual_probe_camera.png"), grid.numpy())
+        result["iou_raycast_vs_genesis"] = held
+        mean = {key: round(sum(v) / len(v), 3) for key, v in held.items()}
+        console.print(f"silhouette IoU of the ray caster against Genesis' segmentation, mean over envs: {mean}")
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------- setters
@@ -313,6 +359,8 @@ def measure_setters(cfg: ProbeConfig, console) -> dict:
 
 def main(cfg: ProbeConfig) -> dict:
     console = make_console()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     report = {"config": asdict(cfg), "machine": {"cpu_count": os.cpu_count(), "load_avg_start": os.getloadavg(),
               "platform": platform.platform(), "torch_threads": torch.get_num_threads()}}  # fmt: skip
