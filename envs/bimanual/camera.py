@@ -50,8 +50,8 @@ SURFACE_SAMPLES = 3000
 """points sampled from a link's visual meshes for the fit"""
 DEPTH_STEPS = 1 << 16
 """depth quantization of the z-buffer keys (steps per metre)"""
-MISS = 1 << 30
-"""the quantized depth of the background (nothing on the ray)"""
+MISS = 1 << 22
+"""the quantized depth of the background (nothing on the ray; 64 m, far beyond the scene): keys fit in int32"""
 NO_HIT = (MISS + 1) << 8
 """the key of a primitive's ray that misses it: above every background key"""
 
@@ -163,7 +163,7 @@ class RaycastCamera:
     name = "raycast"
 
     def __init__(
-        self, geometry: SceneGeometry, res: int, tile: int = 8, device: str | torch.device = "cpu", threads: int = 1
+        self, geometry: SceneGeometry, res: int, tile: int = 4, device: str | torch.device = "cpu", threads: int = 1
     ) -> None:
         """`tile`: side of the square pixel blocks culled together; `threads`: torch threads while rendering on a CPU
         (0: the process's setting). One by default: a frame is a few hundred small ops, and on a shared CPU each op
@@ -206,13 +206,13 @@ class RaycastCamera:
         t = -self.origin[2] / rays[:, 2].clamp(max=-1e-9)
         hit = self.origin[:2] + t[:, None] * rays[:, :2]
         table = (rays[:, 2] < 0) & (hit[:, 0].abs() <= sx / 2) & (hit[:, 1].abs() <= sy / 2)
-        depth = torch.where(table, (t * DEPTH_STEPS).long().clamp(max=MISS - 1), MISS) << 8
+        depth = torch.where(table, (t * DEPTH_STEPS).clamp(max=MISS - 1).int(), MISS) << 8
         grey = torch.where(
             table, shade(torch.tensor(self.geo.table_albedo, device=self.device), self.light[2]), BACKGROUND * 255.0
         )
-        luma_key = depth | grey.round().long()
+        luma_key = depth | grey.round().int()
         link_key = depth  # payload 0: the table and the background
-        tail = torch.tensor([MISS << 8], device=self.device)
+        tail = torch.tensor([MISS << 8], dtype=torch.int32, device=self.device)
         return torch.cat([luma_key, tail]), torch.cat([link_key, tail])
 
     # ---------------------------------------------------------------------------------------------------- render
@@ -221,14 +221,14 @@ class RaycastCamera:
         """`(N, 1, res, res)` uint8 grey images from every solver link's pose, `(N, L, 3)` and wxyz `(N, L, 4)`."""
         with self._threads():
             keys = self._cast(links_pos, links_quat, links=False)
-        return (keys & 255).to(torch.uint8).reshape(-1, 1, self.res, self.res)
+        return keys.to(torch.uint8).reshape(-1, 1, self.res, self.res)  # the cast keeps the low 8 bits
 
     @torch.no_grad()
     def render_links(self, links_pos: Tensor, links_quat: Tensor) -> Tensor:
         """`(N, res, res)` long: the solver link each pixel shows, -1 for the table and the background."""
         with self._threads():
             keys = self._cast(links_pos, links_quat, links=True)
-        return ((keys & 255) - 1).reshape(-1, self.res, self.res)
+        return ((keys & 255).long() - 1).reshape(-1, self.res, self.res)
 
     @contextmanager
     def _threads(self):
@@ -282,7 +282,7 @@ class RaycastCamera:
 
     def _scatter(self, keys: Tensor, t: Tensor, payload: Tensor, env_offset: Tensor, tile: Tensor) -> None:
         """Keep, per pixel, the smaller of its key and the hits' keys `(M, S)` (quantized depth, 8-bit payload)."""
-        depth = (t * DEPTH_STEPS).clamp(max=MISS - 1).long()
-        key = torch.where(torch.isfinite(t), (depth << 8) | payload.round().long(), NO_HIT)
+        depth = (t * DEPTH_STEPS).clamp(max=MISS - 1).int()
+        key = torch.where(torch.isfinite(t), (depth << 8) | payload.round().int(), NO_HIT)
         index = env_offset[:, None] + self.tile_pix[tile]
         keys.scatter_reduce_(0, index.reshape(-1), key.reshape(-1), "amin")
