@@ -102,6 +102,18 @@ def test_fits_recover_a_capsule_two_capsules_and_a_box():
     assert torch.allclose(half, torch.tensor([0.2, 0.1, 0.05]), atol=3e-3)
 
 
+def test_unknown_renderer_refused_by_field():
+    from envs.bimanual.config import ObservationConfig
+    from envs.bimanual.scene import SceneConfig
+    from envs.errors import ConfigError
+
+    assert SceneConfig().camera_renderer == "raycast" and ObservationConfig().camera_renderer == "raycast"
+    with pytest.raises(ConfigError, match="scene.camera_renderer"):
+        SceneConfig(camera_renderer="pyrender")
+    with pytest.raises(ConfigError, match="observations.camera_renderer"):
+        ObservationConfig(camera_renderer="pyrender")
+
+
 # ------------------------------------------------------------------------------------ a scene without Genesis
 def toy_geometry() -> SceneGeometry:
     """A capsule on link 1, a box on link 2 and the table; link 0 is the world."""
