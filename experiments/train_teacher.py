@@ -8,8 +8,10 @@
     python -m experiments.train_teacher default --task bimanual-lift  # the bar lift, warm-started from its expert
 
 `--warm-start.expert-steps N` (on in the bimanual presets) starts from the task's scripted expert: N control steps of
-its rollouts per env, behaviour cloning of the actor's mean and a critic fit on them, the cloned policy evaluated and
-checkpointed at iteration 0, then PPO with a cloning term of weight `bc_weight * bc_decay ** iteration` in its loss.
+its rollouts per env, behaviour cloning of the actor's mean on them (and `--warm-start.dagger-rounds` rounds in which
+the clone drives while the expert labels its states, each followed by cloning on all labels), a critic fit, the cloned
+policy evaluated and checkpointed at iteration 0, then PPO with a cloning term of weight
+`bc_weight * bc_decay ** iteration` in its loss.
 
 A run directory holds `config.yaml`, `checkpoints/iter_*.pt` (every checkpoint kept), `teacher.pt` (the checkpoint
 whose periodic evaluation scored best, the latest of equals: the teacher to distill), `eval.json`, plots, and the
@@ -199,8 +201,8 @@ def main(cfg: TrainTeacherConfig) -> dict:
     summary = {"train_eval": final, "iterations": trainer.iteration, "env_steps": trainer.env_steps}
     summary["world_size"] = rank.world_size
     cloned = [h for h in trainer.history if int(h["iteration"]) == 0]
-    if cloned:  # the warm start's cloned policy, before PPO
-        summary["warm_start_eval"] = cloned[0]
+    if trainer.warm_started:  # the warm start's figures and its cloned policy's evaluation, before PPO
+        summary["warm_start"] = {**trainer.warm_figures, "eval": cloned[0] if cloned else {}}
     summary["checkpoint"] = str(teacher_file)
     summary["selected"] = {"checkpoint": str(selected), "iteration": int(selected_eval["iteration"]), **selected_eval}
     summary["wall_minutes"] = (time.time() - t0) / 60.0
@@ -270,13 +272,17 @@ BIMANUAL_PRESETS = {
                 "scripted expert", TrainBimanualTeacherConfig(
         ppo=PPOConfig(num_steps_per_env=32),
         trainer=TrainerConfig(iterations=2000, max_minutes=30.0, eval_every=25, save_every=25),
-        warm_start=WarmStartConfig(expert_steps=480, bc_epochs=50, critic_epochs=20, bc_weight=1.0, bc_decay=0.995),
+        warm_start=WarmStartConfig(
+            expert_steps=480, bc_epochs=50, dagger_rounds=3, critic_epochs=20, bc_weight=1.0, bc_decay=0.995
+        ),
     )),
     "smoke": ("a few iterations at 4 envs, 2-second episodes (checks the pipeline)", TrainBimanualTeacherConfig(
         env=BimanualConfig(num_envs=4, episode_seconds=2.0, observations=TEACHER_OBS),
         ppo=PPOConfig(num_steps_per_env=8),
         trainer=TrainerConfig(iterations=2, eval_every=2, save_every=1),
-        warm_start=WarmStartConfig(expert_steps=8, bc_epochs=2, bc_batch_size=16, critic_epochs=1, bc_weight=1.0),
+        warm_start=WarmStartConfig(
+            expert_steps=8, bc_epochs=2, dagger_rounds=1, bc_batch_size=16, critic_epochs=1, bc_weight=1.0
+        ),
         eval=BimanualEvalConfig(episodes=2),
         final_eval=BimanualEvalConfig(episodes=2),
         wandb=WandbConfig(mode="disabled"),

@@ -103,7 +103,12 @@ class WarmStartConfig:
     """control steps the task's scripted expert drives every training env before PPO starts (auto-reset); 0 turns the
     warm start off"""
     bc_epochs: int = 50
-    """passes of behaviour cloning over the expert's rollouts (MSE of the actor's mean to the expert's action)"""
+    """passes of behaviour cloning over the expert's rollouts (MSE of the actor's mean to the expert's action), and
+    again after each DAgger round over everything recorded"""
+    dagger_rounds: int = 0
+    """rounds in which the cloned actor drives (its mean) for `expert_steps` more steps while the expert labels every
+    state it reaches, each followed by cloning on all labelled states so far (DAgger: the states a clone drifts into,
+    which the expert's own rollouts never show)"""
     bc_batch_size: int = 512
     """samples per behaviour-cloning step, in the warm start and in each PPO mini-batch's term"""
     bc_learning_rate: float = 1e-3
@@ -120,6 +125,7 @@ class WarmStartConfig:
     def __post_init__(self) -> None:
         check_range("warm_start.expert_steps", self.expert_steps, 0, 1_000_000)
         check_range("warm_start.bc_epochs", self.bc_epochs, 0, 100_000)
+        check_range("warm_start.dagger_rounds", self.dagger_rounds, 0, 100)
         check_range("warm_start.bc_batch_size", self.bc_batch_size, 1, 1_000_000)
         check_range("warm_start.bc_learning_rate", self.bc_learning_rate, 1e-7, 1.0)
         check_range("warm_start.critic_epochs", self.critic_epochs, 0, 100_000)

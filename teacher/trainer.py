@@ -133,6 +133,8 @@ class TeacherTrainer:
         self.layout = ObsLayout.of_env(self.env, self.task.factor_names)
         self.warm_started = False
         self.expert_rollouts: ExpertRollouts | None = None
+        self.warm_figures: dict[str, float] = {}
+        """the warm start's figures (its losses, the expert's rollouts), as logged under `warm_start/`"""
         self.bc_generator = torch.Generator().manual_seed(rank.seed(trainer_cfg.seed))
         """the warm start's shuffling and the behaviour-cloning term's draws"""
 
@@ -233,9 +235,9 @@ class TeacherTrainer:
         finite = [bool(torch.isfinite(v).all()) for v in (*rollouts.obs.values(), rollouts.actions, rollouts.rewards)]
         if not all(finite):
             self._diverged("non-finite observation, action or reward in the expert's rollouts (warm start)")
-        self.env_steps += self.env.num_envs * self.warm_cfg.expert_steps * self.rank.world_size
+        self.env_steps += rollouts.num_samples * self.rank.world_size  # the expert's steps and the DAgger rounds
         self._use_rollouts(rollouts)
-        self.warm_started = True
+        self.warm_started, self.warm_figures = True, figures
         metrics = {f"warm_start/{k}": v for k, v in figures.items()}
         if self.rank.is_main:
             evaluation = self.evaluate()
@@ -259,7 +261,7 @@ class TeacherTrainer:
     def _resume_rollouts(self, path: Path, state: dict[str, Any]) -> None:
         """The warm start's state from a checkpoint at `path`: its rollouts read back from beside it (and written beside
         this run's checkpoints when those are elsewhere)."""
-        self.warm_started = bool(state["done"])
+        self.warm_started, self.warm_figures = bool(state["done"]), dict(state.get("figures", {}))
         self.bc_generator.set_state(state["bc_generator"])
         if not self.warm_started or self.warm_cfg.bc_weight == 0:
             return  # without the term the rollouts are not needed again
@@ -284,6 +286,7 @@ class TeacherTrainer:
             "done": self.warm_started,
             "bc_generator": self.bc_generator.get_state(),
             "fingerprint": rollouts.fingerprint() if rollouts is not None else 0.0,
+            "figures": dict(self.warm_figures),
         }
 
     def _diverged(self, message: str) -> None:

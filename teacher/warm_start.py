@@ -4,7 +4,8 @@ from its actions, the critic is fitted to its returns, and a behaviour-cloning t
 
 - `collect_rollouts(env, act, steps, groups)` runs the expert in the training env (auto-reset inside `step`) and
   records time-major observations of the groups the actor and critic read, the expert's actions, rewards, dones and
-  time-outs (`ExpertRollouts`).
+  time-outs (`ExpertRollouts`); with `drive` another policy (the clone, in DAgger rounds) steps the env while the
+  expert labels each state it reaches.
 - `clone_actor` fits the actor's output through the whole actor (normalizer input, factor encoder, trunk) to the
   expert's actions: MSE of the mean for a box action, cross-entropy for a categorical one.
 - `fit_critic` regresses the critic on the rollouts' lambda-returns (`lambda_returns`: bootstrapped at time-outs and
@@ -35,8 +36,8 @@ from teacher.config import PPOConfig, WarmStartConfig
 EXPERT_FILE = "expert_rollouts.pt"
 """the expert's rollouts, beside the checkpoints of the run that recorded them"""
 EXPERT_KIND = "gapbridge.expert_rollouts"
-HELD_OUT = 0.1
-"""share of the rollouts' samples the cloning leaves out to report its held-out loss"""
+HELD_OUT_EVERY = 10
+"""the cloning leaves out every tenth env's steps to report its loss on trajectories it never saw"""
 
 
 @dataclass
@@ -64,10 +65,27 @@ class ExpertRollouts:
         """Observations `(T * N,)` and actions `(T * N, A)`."""
         return self.obs.flatten(0, 1), rearrange(self.actions, "t n a -> (t n) a")
 
+    def held_out(self) -> Tensor:
+        """`(T * N,)` bool, in `flat`'s order: the steps of every `HELD_OUT_EVERY`-th env (the last env when there are
+        fewer; none of a single env)."""
+        steps, envs = self.rewards.shape
+        mask = torch.arange(envs) % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+        if envs > 1 and not bool(mask.any()):
+            mask[-1] = True
+        return mask.expand(steps, envs).reshape(-1).to(self.rewards.device)
+
     def fingerprint(self) -> float:
         """A checksum a checkpoint records, so that a resume uses the very rollouts the run recorded."""
         groups = sum(float(value.double().sum()) for value in self.obs.values())
         return float(self.actions.double().sum() + self.rewards.double().sum()) + groups
+
+    def cat(self, other: ExpertRollouts) -> ExpertRollouts:
+        """Both rollouts side by side, as envs of one rollout `(T, N + N')` (each env's steps stay in order)."""
+        return ExpertRollouts(
+            torch.cat([self.obs, other.obs], 1), torch.cat([self.actions, other.actions], 1),
+            torch.cat([self.rewards, other.rewards], 1), torch.cat([self.dones, other.dones], 1),
+            torch.cat([self.time_outs, other.time_outs], 1), torch.cat([self.last_obs, other.last_obs], 0),
+        )  # fmt: skip
 
     def to(self, device: str | torch.device) -> ExpertRollouts:
         return ExpertRollouts(
@@ -98,16 +116,17 @@ def collect_rollouts(
     groups: tuple[str, ...],
     bounds: tuple[float, float] | None,
     logs: list[dict] | None = None,
+    drive: Callable[[TensorDict], Tensor] | None = None,
 ) -> ExpertRollouts:
-    """`steps` control steps of `act` in every env of `env` (which resets finished episodes itself); `bounds`: the
-    action box the recorded actions are clamped to (None: a categorical index, kept as is). The env's episode logs
-    (`extras["log"]`) are appended to `logs`."""
+    """`steps` control steps of `act` in every env of `env` (which resets finished episodes itself), or of `drive`
+    with `act`'s action on each state recorded as its label; `bounds`: the action box the recorded actions are clamped
+    to (None: a categorical index, kept as is). The env's episode logs (`extras["log"]`) are appended to `logs`."""
     obs = env.get_observations()
     seen, actions, rewards, dones, time_outs = [], [], [], [], []
     for _ in range(steps):
-        action = act(obs)
+        action = act(obs)  # the expert reads the env's state before the step
         seen.append(obs.select(*groups).clone())
-        obs, reward, done, extras = env.step(action)
+        obs, reward, done, extras = env.step(action if drive is None else drive(obs))
         if logs is not None and extras.get("log"):
             logs.append(extras["log"])
         actions.append(action.float() if bounds is None else action.float().clamp(*bounds))
@@ -168,25 +187,27 @@ def clone_actor(
     actor: nn.Module,
     obs: TensorDict,
     actions: Tensor,
+    held_out: Tensor,
     cfg: WarmStartConfig,
     discrete: bool,
     generator: torch.Generator,
     rank: Rank = SINGLE,
     max_grad_norm: float = 1.0,
 ) -> dict[str, float]:
-    """Behaviour cloning of the actor on `(obs, actions)` `(M,)`, `(M, A)` for `cfg.bc_epochs` passes; returns its first
-    and last pass's loss and the loss on the held-out share before and after (averaged over the ranks)."""
-    order = torch.randperm(actions.shape[0], generator=generator).to(actions.device)
-    held = max(1, int(HELD_OUT * actions.shape[0]))
-    test, train = order[:held], order[held:]
+    """Behaviour cloning of the actor on `(obs, actions)` `(M,)`, `(M, A)` but the `held_out` `(M,)` samples, for
+    `cfg.bc_epochs` passes; returns its first and last pass's loss and the loss on the held-out samples before and
+    after (averaged over the ranks; NaN without held-out samples)."""
+    test, train = held_out.nonzero()[:, 0], (~held_out).nonzero()[:, 0]
     params = [p for name, p in actor.named_parameters() if not name.startswith("distribution.") and p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=cfg.bc_learning_rate)
 
-    def held_out() -> float:
+    def held_out_loss() -> float:
+        if not len(test):
+            return _mean(float("nan"), rank)
         with torch.no_grad():
             return _mean(float(imitation_loss(actor, obs[test], actions[test], discrete)), rank)
 
-    figures = {"bc_heldout_loss_before": held_out()}
+    figures = {"bc_heldout_loss_before": held_out_loss()}
     for epoch in range(cfg.bc_epochs):
         total = 0.0
         for idx in mini_batches(len(train), cfg.bc_batch_size, generator):
@@ -198,7 +219,7 @@ def clone_actor(
         if epoch == 0:
             figures["bc_loss_first"] = mean
         figures["bc_loss"] = mean
-    figures["bc_heldout_loss"] = held_out()
+    figures["bc_heldout_loss"] = held_out_loss()
     return figures
 
 
@@ -286,25 +307,41 @@ def run_warm_start(
     rank: Rank = SINGLE,
 ) -> tuple[ExpertRollouts, dict[str, float]]:
     """The warm start of a PPO algorithm `alg` (rsl_rl's, built by `teacher.rsl_adapter.build_ppo`): the expert `act`
-    drives `env` for `cfg.expert_steps` steps, both normalizers take in its observations, the actor is cloned and the
-    critic fitted on them, and the action std is set to `cfg.init_std`. Returns the rollouts and the figures to log."""
+    drives `env` for `cfg.expert_steps` steps, both normalizers take in its observations and the actor is cloned on
+    them; in each of `cfg.dagger_rounds` rounds the clone drives as long while the expert labels its states, and the
+    actor is cloned again on everything; the critic is fitted on all the rollouts and the action std set to
+    `cfg.init_std`. Returns the rollouts (every round's beside the expert's) and the figures to log."""
     actor, critic = alg.get_policy(), alg._raw_critic
     groups = tuple(dict.fromkeys([*actor.obs_groups, *critic.obs_groups]))
     space = env.action_space
     discrete = space.kind == "discrete"
+    bounds = None if discrete else (space.low, space.high)
     start = time.time()
-    logs: list[dict] = []
-    rollouts = collect_rollouts(env, act, cfg.expert_steps, groups, None if discrete else (space.low, space.high), logs)
-    rollouts = rollouts.to(alg.device)
-    figures = {f"expert_{k}": v for k, v in episode_means(logs).items()}  # this rank's episodes
-    figures["expert_step_reward"] = _mean(float(rollouts.rewards.mean()), rank)
+    figures: dict[str, float] = {}
+
+    def record(who: str, drive: nn.Module | None) -> ExpertRollouts:
+        """`expert_steps` labelled steps (`drive`: the clone's mean steps the env), taken in by both normalizers."""
+        logs: list[dict] = []
+        alg.eval_mode()
+        more = collect_rollouts(env, act, cfg.expert_steps, groups, bounds, logs, drive).to(alg.device)
+        figures.update({f"{who}_{k}": v for k, v in episode_means(logs).items()})  # this rank's episodes
+        figures[f"{who}_step_reward"] = _mean(float(more.rewards.mean()), rank)
+        alg.train_mode()
+        actor.update_normalization(more.obs.flatten(0, 1))
+        critic.update_normalization(more.obs.flatten(0, 1))
+        return more
+
+    def clone(prefix: str) -> None:
+        obs, actions = rollouts.flat()
+        out = clone_actor(actor, obs, actions, rollouts.held_out(), cfg, discrete, generator, rank, ppo.max_grad_norm)
+        figures.update({prefix + k: v for k, v in out.items()})
+
+    rollouts = record("expert", None)
+    clone("")
+    for round_ in range(1, cfg.dagger_rounds + 1):
+        rollouts = rollouts.cat(record(f"dagger{round_}", actor))
+        clone(f"dagger{round_}_")
     figures["samples"] = float(rollouts.num_samples * rank.world_size)
-    figures["expert_seconds"] = time.time() - start
-    obs, actions = rollouts.flat()
-    alg.train_mode()
-    actor.update_normalization(obs)
-    critic.update_normalization(obs)
-    figures.update(clone_actor(actor, obs, actions, cfg, discrete, generator, rank, ppo.max_grad_norm))
     figures["critic_loss"] = fit_critic(critic, rollouts, cfg, ppo.gamma, ppo.lam, generator, rank, ppo.max_grad_norm)
     set_action_std(actor, cfg.init_std)
     if rank.distributed:  # the same weights everywhere (the averaged steps keep them equal up to rounding)

@@ -136,7 +136,7 @@ def test_two_rank_warm_start_keeps_the_ranks_equal_and_resumes_exactly(tmp_path)
     proc = run([*TORCHRUN, str(ROOT / "tests" / "teacher" / "warm_start_worker.py"), str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = torch.load(tmp_path / "result.pt")
-    assert result["rollouts"] == [20 * 8, 20 * 8]
+    assert result["rollouts"] == [20 * 16, 20 * 16]  # the expert's 8 envs and a DAgger round's
     for stage in ("cloned", "final", "resumed"):
         zero, one = result[stage]
         assert all(torch.allclose(zero[k], one[k], atol=1e-6, rtol=0) for k in zero), stage

@@ -27,7 +27,7 @@ EVAL = toy.PointMassEvalConfig(episodes=64)
 POLICY = TeacherPolicyConfig(hidden_dims=(64, 64), critic_hidden_dims=(32, 32), latent_dim=2)
 PPO = PPOConfig(num_steps_per_env=8, num_mini_batches=2, num_learning_epochs=2)
 WARM = WarmStartConfig(
-    expert_steps=60, bc_epochs=40, bc_batch_size=128, bc_learning_rate=3e-3, critic_epochs=5, bc_weight=0.5,
+    expert_steps=120, bc_epochs=40, bc_batch_size=128, bc_learning_rate=3e-3, critic_epochs=5, bc_weight=0.5,
     bc_decay=0.8,
 )  # fmt: skip
 
@@ -77,14 +77,37 @@ def test_cloning_fits_the_expert_on_held_out_states():
     alg.eval_mode()
     with torch.no_grad():
         after = float((actor(obs) - target).square().mean())
-    assert rollouts.num_samples == 60 * 16 and rollouts.obs["teacher"].shape == (60, 16, 4)
+    assert rollouts.num_samples == 120 * 16 and rollouts.obs["teacher"].shape == (120, 16, 4)
     assert figures["bc_loss"] < 0.2 * figures["bc_loss_first"], figures
-    assert figures["bc_heldout_loss"] < 0.2 * figures["bc_heldout_loss_before"], figures
-    assert after < 0.03 and after < 0.1 * before, (before, after)
+    assert figures["bc_heldout_loss"] < 0.2 * figures["bc_heldout_loss_before"], figures  # an env it never saw
+    assert after < 0.02 and after < 0.1 * before, (before, after)
     assert any(not torch.equal(a, b) for a, b in zip(encoder, actor.factor_encoder.parameters()))
     assert torch.allclose(actor.distribution.std_param, torch.full((2,), WARM.init_std))
-    assert int(actor.obs_normalizer.count) == 60 * 16 and int(alg._raw_critic.obs_normalizer.count) == 60 * 16
+    assert int(actor.obs_normalizer.count) == 120 * 16 and int(alg._raw_critic.obs_normalizer.count) == 120 * 16
     assert 0.0 <= figures["critic_loss"] < float("inf"), figures
+
+
+def test_dagger_rounds_label_the_clones_states_with_the_expert():
+    """In a DAgger round the clone steps the env (the velocity change is its action, not the label) while every
+    recorded label is the expert's action on that state; the rounds' rollouts sit beside the expert's as more envs."""
+    torch.manual_seed(0)
+    env = toy.PointMassEnv(ENV)
+    _, alg = build_ppo(env, POLICY, PPO, TASK.factor_names)
+    warm = replace(WARM, dagger_rounds=1, bc_epochs=10)
+    rollouts, figures = run_warm_start(alg, env, PointMassExpert(env).act, warm, PPO, torch.Generator().manual_seed(0))
+    assert rollouts.actions.shape == (120, 32, 2) and "dagger1_bc_loss" in figures and "bc_loss" in figures
+    teacher, factor = rollouts.obs["teacher"], rollouts.obs["env_factors"][..., 0]  # (T, N, 4), (T, N)
+    low, high = toy.GAIN_RANGE
+    gain = low + (factor + 1.0) / 2.0 * (high - low)
+    pos, vel = teacher[..., :2], teacher[..., 2:]
+    label = ((-4.0 * pos - 2.0 * vel) / gain[..., None]).clamp(-1.0, 1.0)
+    assert torch.allclose(rollouts.actions, label, atol=1e-5)
+    applied = (vel[1:] - 0.8 * vel[:-1]) / (0.2 * gain[:-1, :, None])  # what stepped the env (where no reset came)
+    kept = ~rollouts.dones[:-1]
+    gap = (applied - rollouts.actions[:-1]).abs().amax(-1)[kept].reshape(-1)
+    expert_gap = (applied - rollouts.actions[:-1]).abs().amax(-1)[:, :16][kept[:, :16]]
+    clone_gap = (applied - rollouts.actions[:-1]).abs().amax(-1)[:, 16:][kept[:, 16:]]
+    assert gap.numel() and expert_gap.max() < 1e-4 and clone_gap.max() > 1e-3
 
 
 def test_lambda_returns_by_hand():
@@ -111,7 +134,7 @@ def test_the_term_weight_decays_and_joins_the_ppo_loss(tmp_path):
     seen = collect(t)
     t.train(show_progress=False)
     first, *ppo = seen
-    assert first["step"] == 60 * 16 and first["eval/success"] >= 0.9, first
+    assert first["step"] == 120 * 16 and first["eval/success"] >= 0.9, first
     assert first["warm_start/bc_loss"] < first["warm_start/bc_loss_first"]
     assert [m["train/bc_weight"] for m in ppo] == pytest.approx([0.5, 0.4, 0.32])
     assert all(m["loss/bc"] >= 0 for m in ppo)
@@ -184,6 +207,7 @@ def test_resume_after_the_warm_start_continues_identically_without_redoing_it(tm
         a, b = full.alg.get_policy().state_dict(), resumed.alg.get_policy().state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
         assert (tmp_path / name / "checkpoints" / EXPERT_FILE).is_file()
+        assert resumed.warm_started and resumed.warm_figures == part.warm_figures and "bc_loss" in part.warm_figures
 
     lost = tmp_path / "lost"
     (lost / "checkpoints").mkdir(parents=True)
@@ -196,7 +220,7 @@ def test_resume_after_the_warm_start_continues_identically_without_redoing_it(tm
 
 def test_a_task_without_an_expert_is_refused_naming_the_flag_and_the_task(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"--warm-start.expert-steps 60: the task 'point-mass' has no scripted expert"
+        ConfigError, match=r"--warm-start.expert-steps 120: the task 'point-mass' has no scripted expert"
     ):
         make_trainer(tmp_path, 1, env=toy.PointMassConfig(num_envs=4, camera=False))
     from experiments.train_teacher import BIMANUAL_PRESETS, TrainTeacherConfig

@@ -23,7 +23,7 @@ from teacher.trainer import TeacherTrainer, TrainerConfig
 from tests.teacher.expert_task import ExpertPointMassConfig
 from tests.toy_task import PointMassEvalConfig
 
-WARM = WarmStartConfig(expert_steps=20, bc_epochs=5, bc_batch_size=64, critic_epochs=2, bc_weight=0.5)
+WARM = WarmStartConfig(expert_steps=20, bc_epochs=5, dagger_rounds=1, bc_batch_size=64, critic_epochs=2, bc_weight=0.5)
 
 
 def make(run_dir: Path, rank) -> TeacherTrainer:
