@@ -42,12 +42,13 @@ HELD_OUT_EVERY = 10
 
 @dataclass
 class ExpertRollouts:
-    """The expert's rollouts in the training envs, time-major."""
+    """Rollouts in the training envs labelled by the expert, time-major: the expert's own, and the clone's in DAgger
+    rounds (as further envs)."""
 
     obs: TensorDict
     """`(T, N)` the groups the actor and critic read, before each step"""
     actions: Tensor
-    """`(T, N, A)` the expert's actions (clamped to the action box)"""
+    """`(T, N, A)` the expert's action on each state (clamped to the action box)"""
     rewards: Tensor
     """`(T, N)`"""
     dones: Tensor
