@@ -8,6 +8,10 @@ for the success window's `hold_steps`), at the time limit, or when the simulatio
 or its state is not finite or moves faster than `error_speed`): that env is reset, its step earns no reward, and it
 is counted in `extras["log"]["error_resets"]` and `error_count`.
 
+A task variant subclasses the env and overrides its hooks: the scene it builds (`_scene_config`), where the object
+starts (`_start_poses`), what a step reads of the object (`_task_state`: its grasp points and whatever the success test
+and reward need), the success conditions (`_conditions`, `hold_steps`) and the reward (`_reward`).
+
 `state_dict()` holds the bodies' joint positions and velocities, the controller's targets and latency buffer, the
 drawn world, the episode counters and the generator; `load_state_dict` writes them back through the setters.
 Genesis keeps contact and solver state that is not saved, so a resumed run continues from the same bodies and world
@@ -70,6 +74,19 @@ def uniform(interval: tuple[float, float], shape: tuple[int, ...], generator: to
     return low + (high - low) * torch.rand(shape, generator=generator)
 
 
+def scene_config(cfg, object_kind: str, object_size: tuple[float, float, float]) -> SceneConfig:
+    """The scene of a two-arm env config `cfg` (the lift's or a variant's: the same timing, randomization and
+    observation fields) holding an `object_kind` of `object_size`, its per-env physics at the middle of the randomized
+    ranges."""
+    rnd, obs = cfg.randomization, cfg.observations
+    return SceneConfig(
+        num_envs=cfg.num_envs, object_kind=object_kind, object_size=object_size,
+        object_mass=sum(rnd.object_mass) / 2, friction=sum(rnd.friction) / 2, dt=cfg.dt, decimation=cfg.decimation,
+        batch_dofs_info=True, camera=obs.camera, camera_res=obs.camera_res, camera_renderer=obs.camera_renderer,
+        genesis=cfg.genesis,
+    )  # fmt: skip
+
+
 def bar_ends(pos: Tensor, quat: Tensor, half: float) -> Tensor:
     """`(N, 2, 3)` points `half` along a bar's axis each way from its centre `(N, 3)`, arm 0's (the -x one) first."""
     axis = quat_rotate(quat, torch.tensor([1.0, 0.0, 0.0]).expand_as(pos))
@@ -80,26 +97,23 @@ def bar_ends(pos: Tensor, quat: Tensor, half: float) -> Tensor:
 class BimanualEnv:
     """Two Franka arms lifting a bar level, batched over `cfg.num_envs` envs."""
 
+    factor_bounds: dict[str, tuple[float, float]] = FACTOR_BOUNDS
+    """physical range of each factor mapped onto [-1, 1] by `env_factors`"""
+    window: LiftWindow = LiftWindow()
+    """the lift's success window"""
+
     def __init__(self, cfg: BimanualConfig) -> None:
         self.cfg, self.device, self.num_envs = cfg, torch.device(cfg.device), cfg.num_envs
         self.action_space = BoxActionSpec(2 * ACTIONS_PER_ARM)
         self.num_actions = self.action_space.dim
         self.max_episode_length = cfg.max_episode_length
-        self.window = LiftWindow()
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        section = cfg.bar_section
-        rnd = cfg.randomization
-        scene_cfg = SceneConfig(
-            num_envs=cfg.num_envs, object_size=(cfg.bar_length, section, section),
-            object_mass=sum(rnd.object_mass) / 2, friction=sum(rnd.friction) / 2, dt=cfg.dt,
-            decimation=cfg.decimation, batch_dofs_info=True, camera=cfg.observations.camera,
-            camera_res=cfg.observations.camera_res, genesis=cfg.genesis,
-        )  # fmt: skip
+        scene_cfg = self._scene_config()
         self.bs = build_scene(scene_cfg, self.device)
         self.ctrl = BimanualController(self.bs, ControlConfig(max_delay=cfg.max_latency))
         arms = self.bs.arms
         self.finger_links = torch.tensor([arm.get_link(n).idx for arm in arms for n in ("left_finger", "right_finger")])
-        self.rest_height = section / 2
+        self.rest_height = scene_cfg.object_extent[2] / 2
         n = self.num_envs
         self.mass, self.com_shift, self.friction = torch.zeros(n), torch.zeros(n), torch.zeros(n)
         self.gain = torch.ones(n, 2)
@@ -115,6 +129,45 @@ class BimanualEnv:
         self.images: Tensor | None = None  # (camera latency + 1, N, 1, H, W) ring, newest last
         self._state: dict[str, Tensor] = {}
         self.reset()
+
+    # ------------------------------------------------------------------------------------ task variant hooks
+    # A task variant (the cube handover) overrides these: what the scene holds, where the object starts, what a step
+    # reads of it, the success conditions and the reward.
+    @property
+    def hold_steps(self) -> int:
+        """control steps the success conditions must hold without a break"""
+        return self.window.hold_steps
+
+    @property
+    def object_size(self) -> float:
+        """the object's size the `env_factors` group reports (m)"""
+        return self.cfg.bar_length
+
+    def _scene_config(self) -> SceneConfig:
+        """The scene this task builds."""
+        section = self.cfg.bar_section
+        return scene_config(self.cfg, "bar", (self.cfg.bar_length, section, section))
+
+    def _start_poses(self, m: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Start positions `(m, 3)` and yaws `(m,)` of the object in `m` envs being reset, drawn from `g`."""
+        rnd = self.cfg.randomization
+        xy = uniform((-rnd.object_xy, rnd.object_xy), (m, 2), g)
+        yaw = uniform((-rnd.object_yaw, rnd.object_yaw), (m,), g)
+        return torch.cat([xy, torch.full((m, 1), self.rest_height)], -1), yaw
+
+    def _task_state(self, s: dict[str, Tensor]) -> None:
+        """Add what the success test, the reward and the teacher read of the object to the step's state `s` (which holds
+        `read_state`'s entries, the object's `height` `(N,)` and the contacts): at least `grasp` `(N, 2, 3)`, each
+        arm's grasp point."""
+        pos, quat = s["object_pose"][:, :3], s["object_pose"][:, 3:]
+        s["tilt"] = bar_tilt(quat)
+        half = self.cfg.bar_length / 2
+        s["end_height"] = bar_ends(pos, quat, half)[..., 2]
+        s["grasp"] = bar_ends(pos, quat, half - GRASP_MARGIN)
+
+    def _conditions(self, s: dict[str, Tensor]) -> Tensor:
+        """`(N,)` bool: this step meets the success conditions."""
+        return lift_conditions(s["height"], s["tilt"], s["finger_touch"], s["other_touch"], self.window)
 
     # ------------------------------------------------------------------------------------------------ reset
     def reset(self) -> tuple[TensorDict, dict]:
@@ -134,12 +187,11 @@ class BimanualEnv:
         cam = rnd.camera_latency
         self.camera_latency[ids] = torch.randint(cam[0], cam[1] + 1, (m,), generator=g)
         self.base_offset[ids] = uniform((-rnd.base_offset, rnd.base_offset), (m, 2), g)
-        xy = uniform((-rnd.object_xy, rnd.object_xy), (m, 2), g)
-        yaw = uniform((-rnd.object_yaw, rnd.object_yaw), (m,), g)
+        pos, yaw = self._start_poses(m, g)
         obs = cfg.observations
         self.wrench_bias[ids] = torch.randn(m, 2, 6, generator=g) * obs.wrench_noise
         bs = self.bs
-        bs.reset(ids, torch.cat([xy, torch.full((m, 1), self.rest_height)], -1), yaw)
+        bs.reset(ids, pos, yaw)
         self._apply_world(ids)
         self.ctrl.reset(ids)
         if self.ctrl.delay is not None:
@@ -174,9 +226,9 @@ class BimanualEnv:
         self.episode_length_buf += 1
         state = self._read()
         error = self._error_envs(state)
-        ok = lift_conditions(state["height"], state["tilt"], state["finger_touch"], state["other_touch"], self.window)
+        ok = self._conditions(state)
         self.streak = update_streak(self.streak, ok & ~error)
-        success = streak_success(self.streak, self.window.hold_steps) & ~error
+        success = streak_success(self.streak, self.hold_steps) & ~error
         rewards = torch.where(error, torch.zeros(()), self._reward(state, a, ok, success))
         self.episode_reward += rewards
         timeout = self.episode_length_buf >= self.max_episode_length
@@ -207,18 +259,15 @@ class BimanualEnv:
     def _read(self) -> dict[str, Tensor]:
         """The state one step's success test, reward and observations read."""
         s = read_state(self.bs, self.ctrl)
-        pos, quat = s["object_pose"][:, :3], s["object_pose"][:, 3:]
-        s["height"] = pos[:, 2]
-        s["tilt"] = bar_tilt(quat)
-        half = self.cfg.bar_length / 2
-        s["end_height"] = bar_ends(pos, quat, half)[..., 2]
-        s["grasp"] = bar_ends(pos, quat, half - GRASP_MARGIN)
+        s["height"] = s["object_pose"][:, 2]
         contacts = self.bs.object.get_contacts(is_padded=True)
         valid, la, lb = contacts["valid_mask"], contacts["link_a"], contacts["link_b"]
         other = torch.where(la == self.bs.object_link, lb, la)  # (N, C)
+        s["contact_link"] = torch.where(valid, other, -1)  # the solver link the object touches, -1 for no contact
         on_finger = (other[..., None] == self.finger_links) & valid[..., None]  # (N, C, 4)
         s["finger_touch"] = rearrange(on_finger.any(1), "n (arm f) -> n arm f", arm=2)
         s["other_touch"] = (valid & ~on_finger.any(-1)).any(1)
+        self._task_state(s)
         return s
 
     def _error_envs(self, s: dict[str, Tensor]) -> Tensor:
@@ -230,6 +279,8 @@ class BimanualEnv:
         return error | (speed > self.cfg.error_speed)
 
     def _reward(self, s: dict[str, Tensor], a: Tensor, ok: Tensor, success: Tensor) -> Tensor:
+        """`(N,)` this step's reward from the state `s`, the action `a` `(N, 10)`, the success conditions `ok` `(N,)`
+        and the success `(N,)`."""
         target = 0.5 * (self.window.min_height + self.window.max_height)
         terms = {
             "reach": reach_reward(s["grasp"] - s["tcp_pos"], REACH_SCALE),
@@ -314,14 +365,13 @@ class BimanualEnv:
             "gain_arm0": self.gain[:, 0], "gain_arm1": self.gain[:, 1],
             "action_latency": self.action_latency.float(), "camera_latency": self.camera_latency.float(),
             "base_offset_x": self.base_offset[:, 0], "base_offset_y": self.base_offset[:, 1],
-            "object_size": torch.full((self.num_envs,), self.cfg.bar_length),
+            "object_size": torch.full((self.num_envs,), self.object_size),
         }  # fmt: skip
 
     def env_factors(self) -> Tensor:
-        """`(N, len(FACTOR_NAMES))` the randomized world, each factor mapped from FACTOR_BOUNDS onto [-1, 1]."""
-        values = self.factor_values()
-        cols = [2.0 * (values[k] - FACTOR_BOUNDS[k][0]) / (FACTOR_BOUNDS[k][1] - FACTOR_BOUNDS[k][0]) - 1.0
-                for k in FACTOR_NAMES]  # fmt: skip
+        """`(N, len(FACTOR_NAMES))` the randomized world, each factor mapped from `factor_bounds` onto [-1, 1]."""
+        values, bounds = self.factor_values(), self.factor_bounds
+        cols = [2.0 * (values[k] - bounds[k][0]) / (bounds[k][1] - bounds[k][0]) - 1.0 for k in FACTOR_NAMES]
         return torch.stack(cols, -1)
 
     # ------------------------------------------------------------------------------------------- checkpoints

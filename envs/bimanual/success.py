@@ -92,15 +92,6 @@ def lift_success_over(
     return success
 
 
-def handover_conditions(
-    height: Tensor, giver_contact: Tensor, receiver_contact: Tensor, other_contact: Tensor, min_height: float
-) -> Tensor:
-    """`(N,)` bool for a handover: the object is above `min_height` `(N,)`, the receiver holds it with both fingers
-    (`receiver_contact` `(N, 2)` bool), the giver has let go (`giver_contact` `(N, 2)` bool: no finger on it) and it
-    touches nothing else (`other_contact` `(N,)`)."""
-    return (height >= min_height) & receiver_contact.all(-1) & ~giver_contact.any(-1) & ~other_contact
-
-
 # ------------------------------------------------------------------------------------------------ reward terms
 def reach_reward(tcp_to_grasp: Tensor, scale: float) -> Tensor:
     """`(N,)` in (0, 1]: `exp(-d / scale)` of the farther arm's TCP distance to its grasp point (`tcp_to_grasp`

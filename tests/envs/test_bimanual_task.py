@@ -19,7 +19,6 @@ from envs.bimanual.success import (
     LiftWindow,
     bar_tilt,
     grip_reward,
-    handover_conditions,
     lift_reward,
     lift_success_over,
     reach_reward,
@@ -66,13 +65,6 @@ def test_counter_examples_never_succeed():
     assert not succeeds(*trajectory(0.02, grip=(False, False), other=True))
     # lifted but also touching something else (an arm's link, the table)
     assert not succeeds(*trajectory(0.16, other=True))
-
-
-def test_handover_counter_example_giver_never_releasing():
-    held, free = torch.tensor([[True, True]]), torch.tensor([[False, False]])
-    h, nothing = torch.tensor([0.15]), torch.tensor([False])
-    assert not handover_conditions(h, held, held, nothing, 0.1)[0], "the giver never lets go"
-    assert handover_conditions(h, free, held, nothing, 0.1)[0]
 
 
 def test_reward_terms_take_the_minimum_over_the_arms():
