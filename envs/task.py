@@ -42,7 +42,11 @@ from envs.errors import ConfigError, GapbridgeError
 OBS_GROUPS = ("teacher", "env_factors", "proprio", "camera")
 """observation groups a task's env may offer (any may be absent; each consumer asks for the ones it reads)"""
 
-BUILTIN_TASKS = {"racing": "envs.racing.task", "bimanual-lift": "envs.bimanual.task"}
+BUILTIN_TASKS = {
+    "racing": "envs.racing.task",
+    "bimanual-lift": "envs.bimanual.task",
+    "bimanual-handover": "envs.bimanual.handover_task",
+}
 """task name -> module that registers it when imported"""
 
 

@@ -62,12 +62,14 @@ def test_every_script_documents_task_and_refuses_an_unknown_one_in_one_line():
         for case in ("help", "preset"):
             code, out, err = results[f"{module} {case}"]
             assert code == 0, f"{module} {case}: {err[-2000:]}"
-            assert "--task NAME" in out and "known tasks: bimanual-lift, racing" in out, (
+            assert "--task NAME" in out and "known tasks: bimanual-handover, bimanual-lift, racing" in out, (
                 f"{module} {case}: {out[:2000]}"
             )
         code, out, err = results[f"{module} nonsense"]
         assert code == 2 and "Traceback" not in err, f"{module}: {err[-2000:]}"
-        assert err.strip().splitlines() == ["error: unknown task 'nonsense'; known tasks: bimanual-lift, racing"], err
+        assert err.strip().splitlines() == [
+            "error: unknown task 'nonsense'; known tasks: bimanual-handover, bimanual-lift, racing"
+        ], err
 
 
 def test_task_racing_runs_a_script_as_before(tmp_path):
@@ -83,7 +85,9 @@ def test_task_racing_runs_a_script_as_before(tmp_path):
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == ["error: unknown task 'nonsense'; known tasks: bimanual-lift, racing"]
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown task 'nonsense'; known tasks: bimanual-handover, bimanual-lift, racing"
+    ]
 
 
 @dataclass(frozen=True)
