@@ -6,6 +6,7 @@
     python -m experiments.train_teacher fast-throttle                # higher max speed in training
     torchrun --nproc-per-node 2 -m experiments.train_teacher default --distributed   # data-parallel over 2 ranks
     python -m experiments.train_teacher default --task bimanual-lift  # the bar lift, warm-started from its expert
+    python -m experiments.train_teacher default --task bimanual-handover  # the cube handover, likewise
 
 `--warm-start.expert-steps N` (on in the bimanual presets) starts from the task's scripted expert: N control steps of
 its rollouts per env, behaviour cloning of the actor's mean on them (and `--warm-start.dagger-rounds` rounds in which
@@ -32,6 +33,7 @@ from datasets.checkpoints import load_checkpoint, save_atomic
 from datasets.run_layout import TEACHER_FILE
 from datasets.run_logger import RunLogger, WandbConfig, check_login
 from envs.bimanual.config import BimanualConfig, ObservationConfig
+from envs.bimanual.handover import HandoverConfig
 from envs.bimanual.task import BimanualEvalConfig
 from envs.camera_model import CameraConfig
 from envs.config_io import to_yaml, write_text_atomic
@@ -119,6 +121,14 @@ class TrainBimanualTeacherConfig(TrainTeacherConfig):
             raise ConfigError("env.observations.camera must be off for the teacher (it reads ground truth, not images)")
         if self.generalization_tracks:
             raise ConfigError("generalization_tracks are racing's; the bimanual task has none")
+
+
+@dataclass(frozen=True)
+class TrainHandoverTeacherConfig(TrainBimanualTeacherConfig):
+    """A teacher training run of the two-arm cube handover (`--task bimanual-handover`)."""
+
+    env: HandoverConfig = field(default_factory=lambda: HandoverConfig(num_envs=64, observations=TEACHER_OBS))
+    """training env (full randomization; the groups the teacher reads, no camera)"""
 
 
 def resume_path(spec: str) -> Path:
@@ -289,5 +299,24 @@ BIMANUAL_PRESETS = {
     )),
 }  # fmt: skip
 
+HANDOVER_PRESETS = {
+    "default": ("the two-arm cube handover at 64 envs, full randomization, 30-minute budget, warm-started from the "
+                "scripted expert", TrainHandoverTeacherConfig(
+        ppo=PPOConfig(num_steps_per_env=32),
+        trainer=TrainerConfig(iterations=2000, max_minutes=30.0, eval_every=25, save_every=25),
+        warm_start=BIMANUAL_PRESETS["default"][1].warm_start,
+    )),
+    "smoke": ("a few iterations at 4 envs, 2-second episodes (checks the pipeline)", TrainHandoverTeacherConfig(
+        env=HandoverConfig(num_envs=4, episode_seconds=2.0, observations=TEACHER_OBS),
+        ppo=PPOConfig(num_steps_per_env=8),
+        trainer=TrainerConfig(iterations=2, eval_every=2, save_every=1),
+        warm_start=BIMANUAL_PRESETS["smoke"][1].warm_start,
+        eval=BimanualEvalConfig(episodes=2),
+        final_eval=BimanualEvalConfig(episodes=2),
+        wandb=WandbConfig(mode="disabled"),
+    )),
+}  # fmt: skip
+
 if __name__ == "__main__":
-    run(main, {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS}, description=__doc__)
+    run(main, {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS, "bimanual-handover": HANDOVER_PRESETS},
+        description=__doc__)  # fmt: skip

@@ -171,3 +171,14 @@ def test_the_scripted_expert_hands_the_cube_over_at_nominal_settings(env):
     metrics = summarize(records)
     assert metrics["success"] == 1.0, records
     assert metrics["error_episodes"] == 0.0 and metrics["max_height"] >= GOAL.z[0]
+
+
+def test_the_handover_teacher_presets_build_for_their_task():
+    """`train_teacher --task bimanual-handover`: each preset is the handover's, warm-started from its expert."""
+    from envs.task import task_of_config
+    from experiments.train_teacher import HANDOVER_PRESETS
+
+    assert set(HANDOVER_PRESETS) == {"default", "smoke"}
+    for _, cfg in HANDOVER_PRESETS.values():
+        assert task_of_config(cfg.env).name == "bimanual-handover"
+        assert cfg.warm_start.expert_steps > 0 and not cfg.env.observations.camera
