@@ -241,7 +241,9 @@ class BimanualEnv:
             log["episode/reward"] = self.episode_reward[finished].clone()
             log["episode/length"] = self.episode_length_buf[finished].float()
         extras = {
-            "time_outs": timeout & ~terminated, "terminated": terminated, "success": success.clone(),
+            # A success ends the episode but is bootstrapped like a time-out: ending on success never forfeits
+            # the value of holding on (without it PPO learns to break the streak just short of success).
+            "time_outs": (timeout | success) & ~error, "terminated": terminated, "success": success.clone(),
             "error_envs": error.clone(), "height": state["height"].clone(), "log": log,
         }  # fmt: skip
         self.error_count += int(error.sum())
