@@ -10,6 +10,9 @@ the primitive's bounding sphere. A hit is written as one integer key, quantized 
 payload (its shaded luma, or the link it shows), and one `scatter_reduce(amin)` keeps the nearest per pixel over the
 static table and background. Shading is Lambertian under one directional light plus ambient light. No Python loops
 run over envs or primitives per frame.
+
+A `CameraLook` (`envs/bimanual/look.py`; training's by default) sets where the camera truly stands, the light, the
+table's colour and grain, and clutter: static boxes cast once into the static background with the table.
 """
 
 from __future__ import annotations
@@ -22,25 +25,22 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from envs.bimanual.look import (
+    AMBIENT,
+    CAMERA_FOV,
+    CAMERA_LOOKAT,
+    CAMERA_POS,
+    CAMERA_UP,
+    DIFFUSE,
+    OBJECT_COLOR,
+    CameraLook,
+    camera_frame,
+    camera_rotation,
+    clutter_boxes,
+    table_grain,
+)
 from envs.bimanual.primitives import fit_box, fit_capsules, quat_to_matrix, ray_box, ray_capsule, sample_surface
 
-CAMERA_POS = (0.0, -1.1, 0.9)
-"""camera position in the world (m)"""
-CAMERA_LOOKAT = (0.0, 0.0, 0.1)
-"""the point the camera looks at (m)"""
-CAMERA_UP = (0.0, 0.0, 1.0)
-CAMERA_FOV = 55.0
-"""vertical field of view (degrees)"""
-BACKGROUND = 0.6
-"""grey level of what lies beyond the table (the Genesis scene's background colour too)"""
-LIGHT = (0.3, -0.5, 1.0)
-"""direction toward the light: above the table, on the camera's side"""
-AMBIENT, DIFFUSE = 0.35, 0.75
-"""Lambertian shading: luma = albedo * (AMBIENT + DIFFUSE * max(0, n . light))"""
-TABLE_COLOR = (0.55, 0.45, 0.35)
-"""RGB of the table top, in both renderers"""
-OBJECT_COLOR = (0.9, 0.9, 0.9)
-"""RGB of the object, in both renderers"""
 LUMA = (0.299, 0.587, 0.114)
 BOX_LINKS = ("hand", "left_finger", "right_finger")
 """Panda links drawn as boxes; the others as capsules"""
@@ -56,19 +56,17 @@ NO_HIT = (MISS + 1) << 8
 """the key of a primitive's ray that misses it: above every background key"""
 
 
-def pixel_rays(res: int, pos=CAMERA_POS, lookat=CAMERA_LOOKAT, up=CAMERA_UP, fov_deg: float = CAMERA_FOV) -> Tensor:
-    """Unit world-frame ray `(res, res, 3)` through each pixel centre (row 0 at the top), as Genesis' camera sees."""
-    p, look, u = (torch.tensor(v, dtype=torch.float64) for v in (pos, lookat, up))
-    z = p - look
-    z = z / z.norm()
-    x = torch.linalg.cross(u, z, dim=0)
-    x = x / x.norm()
-    y = torch.linalg.cross(z, x, dim=0)
+def pixel_rays(
+    res: int, pos=CAMERA_POS, lookat=CAMERA_LOOKAT, up=CAMERA_UP, fov_deg: float = CAMERA_FOV,
+    rotation_deg: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> Tensor:  # fmt: skip
+    """Unit world-frame ray `(res, res, 3)` through each pixel centre (row 0 at the top), as Genesis' camera sees;
+    `rotation_deg` turns the camera about its own axes (`look.camera_rotation`)."""
     f = 0.5 * res / math.tan(math.radians(fov_deg) / 2)
     c = torch.arange(res, dtype=torch.float64) + 0.5 - res / 2
     row, col = torch.meshgrid(c, c, indexing="ij")
     cam = torch.stack([col / f, -row / f, -torch.ones_like(col)], -1)  # (H, W, 3) camera frame
-    rays = cam @ torch.stack([x, y, z], 0)
+    rays = cam @ camera_rotation(rotation_deg).T @ camera_frame(pos, lookat, up)
     return (rays / rays.norm(dim=-1, keepdim=True)).float()
 
 
@@ -76,9 +74,9 @@ def luma(color: tuple[float, float, float]) -> float:
     return sum(c * w for c, w in zip(color, LUMA))
 
 
-def shade(albedo: Tensor, ndl: Tensor) -> Tensor:
+def shade(albedo: Tensor, ndl: Tensor, ambient: float = AMBIENT, diffuse: float = DIFFUSE) -> Tensor:
     """Lambertian grey level in [0, 255] (float) of `albedo` under a normal at cosine `ndl` to the light."""
-    return (albedo * (AMBIENT + DIFFUSE * ndl.clamp(min=0.0)) * 255.0).clamp(0.0, 255.0)
+    return (albedo * (ambient + diffuse * ndl.clamp(min=0.0)) * 255.0).clamp(0.0, 255.0)
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ def scene_geometry(bs) -> SceneGeometry:
         box_half=torch.stack([r[3] for r in box_rows]),
         box_albedo=torch.tensor([r[4] for r in box_rows]),
         table_size=tuple(bs.cfg.table_size),
-        table_albedo=luma(TABLE_COLOR),
+        table_albedo=luma(bs.cfg.look.table_color),
     )
 
 
@@ -163,16 +161,21 @@ class RaycastCamera:
     name = "raycast"
 
     def __init__(
-        self, geometry: SceneGeometry, res: int, tile: int = 4, device: str | torch.device = "cpu", threads: int = 1
-    ) -> None:
+        self, geometry: SceneGeometry, res: int, tile: int = 4, device: str | torch.device = "cpu", threads: int = 1,
+        look: CameraLook | None = None,
+    ) -> None:  # fmt: skip
         """`tile`: side of the square pixel blocks culled together; `threads`: torch threads while rendering on a CPU
         (0: the process's setting). One by default: a frame is a few hundred small ops, and on a shared CPU each op
-        waits for its slowest thread, which the scheduler may have set aside."""
+        waits for its slowest thread, which the scheduler may have set aside. `look`: the camera's pose, the light,
+        the table and the clutter (training's by default)."""
         self.geo, self.res, self.device, self.threads = geometry, res, torch.device(device), threads
+        self.look = look = look or CameraLook()
         dev = self.device
-        self.origin = torch.tensor(CAMERA_POS, device=dev)
-        self.light = torch.tensor(LIGHT, device=dev) / math.sqrt(sum(v * v for v in LIGHT))
-        rays = pixel_rays(res).to(dev)  # (H, W, 3)
+        pos, lookat = (tuple(a + b for a, b in zip(p, look.camera_shift)) for p in (CAMERA_POS, CAMERA_LOOKAT))
+        self.origin = torch.tensor(pos, device=dev)
+        self.light = torch.tensor(look.light, device=dev) / math.sqrt(sum(v * v for v in look.light))
+        self.ambient, self.diffuse = look.ambient, look.diffuse
+        rays = pixel_rays(res, pos, lookat, rotation_deg=look.camera_rotation_deg).to(dev)  # (H, W, 3)
         n_pix = res * res
         # Tiles of tile x tile pixels; the edge tiles of a side that `tile` does not divide are padded with a dummy
         # pixel (index n_pix) whose key is dropped at the end.
@@ -201,17 +204,31 @@ class RaycastCamera:
         self.background_luma, self.background_link = self._background(rays.reshape(-1, 3))
 
     def _background(self, rays: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys `(P + 1,)` of the static world per pixel: the table top within its extent, the background beyond."""
+        """Keys `(P + 1,)` of the static world per pixel: the table top within its extent (with the look's grain) and
+        the look's clutter on it, the background beyond."""
         sx, sy = self.geo.table_size
+        look = self.look
         t = -self.origin[2] / rays[:, 2].clamp(max=-1e-9)
         hit = self.origin[:2] + t[:, None] * rays[:, :2]
         table = (rays[:, 2] < 0) & (hit[:, 0].abs() <= sx / 2) & (hit[:, 1].abs() <= sy / 2)
         depth = torch.where(table, (t * DEPTH_STEPS).clamp(max=MISS - 1).int(), MISS) << 8
-        grey = torch.where(
-            table, shade(torch.tensor(self.geo.table_albedo, device=self.device), self.light[2]), BACKGROUND * 255.0
-        )
+        albedo = self.geo.table_albedo * table_grain(hit, look.table_texture, look.clutter_seed)
+        lit = shade(albedo, self.light[2].expand_as(albedo), self.ambient, self.diffuse)
+        grey = torch.where(table, lit, look.background * 255.0)
         luma_key = depth | grey.round().int()
-        link_key = depth  # payload 0: the table and the background
+        link_key = depth  # payload 0: the table, the clutter and the background
+        if look.clutter:
+            centre, axes, half, box_albedo = (
+                v.to(self.device) for v in clutter_boxes(look.clutter, look.clutter_seed, self.geo.table_size)
+            )
+            dirs = rays[None].expand(len(centre), -1, -1)
+            t_box, ndl = ray_box(self.origin, dirs, centre, axes, half, self.light)  # (K, P)
+            t_near, k = t_box.min(0)
+            on_box = torch.isfinite(t_near)
+            box_depth = (t_near * DEPTH_STEPS).clamp(max=MISS - 1).int() << 8
+            box_grey = shade(box_albedo[k], ndl.gather(0, k[None])[0], self.ambient, self.diffuse).round().int()
+            luma_key = torch.where(on_box, torch.minimum(luma_key, box_depth | box_grey), luma_key)
+            link_key = torch.where(on_box, torch.minimum(link_key, box_depth), link_key)
         tail = torch.tensor([MISS << 8], dtype=torch.int32, device=self.device)
         return torch.cat([luma_key, tail]), torch.cat([link_key, tail])
 
@@ -259,15 +276,18 @@ class RaycastCamera:
         if len(t_i):
             rays = self.tile_rays[t_i]
             t, ndl = ray_capsule(self.origin, rays, a[n_i, k_i], b[n_i, k_i], self.cap[k_i, 6], self.light)
-            payload = self.cap_code[k_i][:, None] if links else shade(self.cap_albedo[k_i][:, None], ndl)
+            payload = self.cap_code[k_i][:, None] if links else self._shade(self.cap_albedo[k_i][:, None], ndl)
             self._scatter(keys, t, payload, n_i * stride, t_i)
         t_i, n_i, k_i = self._pairs(centre, self.box_radius)
         if len(t_i):
             t, ndl = ray_box(self.origin, self.tile_rays[t_i], centre[n_i, k_i], axes[n_i, k_i], self.box_half[k_i],
                              self.light)  # fmt: skip
-            payload = self.box_code[k_i][:, None] if links else shade(self.box_albedo[k_i][:, None], ndl)
+            payload = self.box_code[k_i][:, None] if links else self._shade(self.box_albedo[k_i][:, None], ndl)
             self._scatter(keys, t, payload, n_i * stride, t_i)
         return keys.reshape(n, stride)[:, :n_pix]
+
+    def _shade(self, albedo: Tensor, ndl: Tensor) -> Tensor:
+        return shade(albedo, ndl, self.ambient, self.diffuse)
 
     def _pairs(self, centre: Tensor, radius: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(tile, env, primitive) index triples `(M,)` whose tile cone meets the bounding sphere `centre (N, K, 3)`,

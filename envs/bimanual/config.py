@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from envs.bimanual.look import CameraLook
 from envs.errors import ConfigError, check_interval, check_range
 from envs.genesis_import import GenesisConfig
 
@@ -57,6 +58,56 @@ class RandomizationConfig:
 
 
 @dataclass(frozen=True)
+class EffectsConfig:
+    """Physics and actuation of the real cell that training does not model; every default is off (the training sim)."""
+
+    contact_timeconst: float = 0.0
+    """time constant of every contact's response (s; larger is softer); 0: Genesis' default, as in training"""
+    arm_gain: tuple[float, float] = (1.0, 1.0)
+    """each arm's joint stiffness and damping, relative to what `randomization.gain_scale` draws"""
+    wrist_backlash: float = 0.0
+    """play of the wrist joints' gears (rad): their targets follow a reversed command only after this much travel"""
+    wrist_deadband: float = 0.0
+    """deadband of the wrist servos (rad): a target moves only when the command differs from it by more"""
+    wrist_torque_scale: float = 1.0
+    """the wrist joints' torque limits relative to the Panda's 12 N·m"""
+    payload_force: tuple[float, float] = (0.0, 0.0)
+    """vertical force on each arm's hand that its controller does not compensate (N; negative pulls down): a
+    payload or gravity-compensation error"""
+    latency_jitter: int = 0
+    """largest extra delay of a command (physics steps), drawn per command on top of the action latency"""
+    drop_prob: float = 0.0
+    """probability that a control step's command is lost (the actuators hold the previous one)"""
+    base_shift: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """where arm 1's base truly stands, relative to where its controller believes it stands (m, world x y z)"""
+
+    def __post_init__(self) -> None:
+        check_range("effects.contact_timeconst", self.contact_timeconst, 0.0, 0.2)
+        for i, gain in enumerate(self.arm_gain):
+            check_range(f"effects.arm_gain[{i}]", gain, 0.2, 3.0)
+        check_range("effects.wrist_backlash", self.wrist_backlash, 0.0, 0.2)
+        check_range("effects.wrist_deadband", self.wrist_deadband, 0.0, 0.2)
+        check_range("effects.wrist_torque_scale", self.wrist_torque_scale, 0.1, 1.0)
+        for i, force in enumerate(self.payload_force):
+            check_range(f"effects.payload_force[{i}]", force, -50.0, 50.0)
+        check_range("effects.latency_jitter", self.latency_jitter, 0, 100)
+        check_range("effects.drop_prob", self.drop_prob, 0.0, 0.9)
+        for i, shift in enumerate(self.base_shift):
+            check_range(f"effects.base_shift[{i}]", shift, -0.1, 0.1)
+
+
+def check_latency_buffer(cfg) -> None:
+    """Refuse a two-arm env config whose latency (the drawn action latency plus the effects' jitter) would overrun its
+    buffer of `max_latency` physics steps."""
+    most = cfg.randomization.action_latency[1] + cfg.effects.latency_jitter
+    if most > cfg.max_latency:
+        raise ConfigError(
+            f"randomization.action_latency={cfg.randomization.action_latency!r} plus effects.latency_jitter="
+            f"{cfg.effects.latency_jitter} exceeds the latency buffer (env.max_latency={cfg.max_latency} physics steps)"
+        )
+
+
+@dataclass(frozen=True)
 class ObservationConfig:
     """Which observation groups the env offers (every group is computed only when on)."""
 
@@ -80,6 +131,9 @@ class ObservationConfig:
     """standard deviation of the wrench estimate's noise (N, N·m)"""
     wrench_bias_walk: float = 0.02
     """per-step standard deviation of the random walk of the wrench estimate's bias (N, N·m)"""
+    look: CameraLook = field(default_factory=CameraLook)
+    """how the camera sees the cell: its true pose, light, table, clutter, lens, sensor noise (training's look by
+    default)"""
 
     def __post_init__(self) -> None:
         check_range("observations.camera_res", self.camera_res, 16, 512)
@@ -118,6 +172,8 @@ class BimanualConfig:
     """per-env ranges"""
     observations: ObservationConfig = field(default_factory=ObservationConfig)
     """observation groups"""
+    effects: EffectsConfig = field(default_factory=EffectsConfig)
+    """the real cell's physics and actuation effects (all off in training)"""
     error_speed: float = 20.0
     """a body speed above this (m/s, rad/s) counts as an exploded simulation and resets the env"""
     genesis: GenesisConfig = field(default_factory=GenesisConfig)
@@ -134,11 +190,7 @@ class BimanualConfig:
         check_range("env.bar_section", self.bar_section, 0.02, 0.06)
         check_range("env.max_latency", self.max_latency, 0, 100)
         check_range("env.error_speed", self.error_speed, 1.0, 1000.0)
-        if self.randomization.action_latency[1] > self.max_latency:
-            raise ConfigError(
-                f"randomization.action_latency={self.randomization.action_latency!r} exceeds the latency buffer "
-                f"(env.max_latency={self.max_latency} physics steps)"
-            )
+        check_latency_buffer(self)
         if self.randomization.camera_latency[1] > 0 and not self.observations.camera:
             raise ConfigError("randomization.camera_latency needs observations.camera=True")
 

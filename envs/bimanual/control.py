@@ -7,6 +7,12 @@ TCP Jacobian, and the arm's position servos track `q + dq` over the physics step
 force-controlled: on panda.xml their tendon is approximated by a joint actuator, and a position target does not close
 them on an object. Latency delays the joint targets and finger forces by a per-env number of physics steps (a ring
 buffer written every physics step). Arm 0 stands at -x, arm 1 at +x; each arm's yaw is measured from its base's yaw.
+
+The real cell's effects (`EffectsConfig`, all off in training; `envs/bimanual/actuation.py`): each command's latency
+jitters and a command may be lost (the actuators then hold the previous one); the wrist joints' targets pass gear
+backlash and a servo deadband; an uncompensated vertical force pulls on each hand every physics step; and arm 1's
+base stands `base_shift` away from where its controller believes it is, so the TCP poses it reads (and the targets it
+tracks) are the true ones less that shift.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from envs.bimanual.scene import TCP_OFFSET, BimanualScene
+from envs.bimanual.actuation import dropped, hold_dropped, jittered_delay, wrist_element
+from envs.bimanual.config import EffectsConfig
+from envs.bimanual.scene import TCP_OFFSET, WRIST_JOINTS, BimanualScene
 from envs.errors import check_range
 
 BASE_YAW = (0.0, math.pi)
@@ -98,7 +106,9 @@ def dls_step(jacobian: Tensor, error: Tensor, damping: float) -> Tensor:
 # ---------------------------------------------------------------------------------------------------- latency
 class ActionDelay:
     """Ring buffer of commands `(N, D)`, one slot per physics step; each env reads the command `delay[i]` physics steps
-    old (0 = the current one)."""
+    old (0 = the current one). With a per-command extra delay (jitter) a command arrives `delay + extra` steps after it
+    was written, and the actuators keep the newest command that has arrived: a command that arrives later than the
+    one after it is never applied."""
 
     def __init__(self, num_envs: int, width: int, max_delay: int) -> None:
         self.max_delay = max_delay
@@ -106,6 +116,10 @@ class ActionDelay:
         self.delay = torch.zeros(num_envs, dtype=torch.long)
         self.head = 0
         self._envs = torch.arange(num_envs)
+        # with jitter: when each slot was written and when its command arrives (physics steps since construction)
+        self.time = 0
+        self.written = torch.arange(-max_delay, 1).roll(1)  # slot 0 holds the newest write, as `head` says
+        self.arrive = torch.full((max_delay + 1, num_envs), -1 << 40, dtype=torch.long)
 
     def set_delay(self, delay: Tensor, envs_idx: Tensor) -> None:
         """Per-env delays `(n,)` in physics steps, each in [0, max_delay]."""
@@ -114,12 +128,22 @@ class ActionDelay:
     def fill(self, command: Tensor, envs_idx: Tensor) -> None:
         """Every slot of the envs `envs_idx` set to `command` `(n, D)` (a reset: no stale commands)."""
         self.buf[:, envs_idx] = command[None]
+        self.arrive[:, envs_idx] = -1 << 40  # arrived long ago
 
-    def push(self, command: Tensor) -> Tensor:
-        """Write this physics step's command `(N, D)`; returns the delayed one each env acts on `(N, D)`."""
+    def push(self, command: Tensor, extra: Tensor | None = None) -> Tensor:
+        """Write this physics step's command `(N, D)`; returns the delayed one each env acts on `(N, D)`. `extra`
+        `(N,)`: the physics steps by which this step's command is late beyond each env's delay (None: no jitter)."""
         self.head = (self.head + 1) % (self.max_delay + 1)
         self.buf[self.head] = command
-        slot = (self.head - self.delay) % (self.max_delay + 1)
+        self.time += 1
+        self.written[self.head] = self.time
+        if extra is None:
+            slot = (self.head - self.delay) % (self.max_delay + 1)
+            self.arrive[self.head] = self.time + self.delay
+        else:
+            self.arrive[self.head] = self.time + (self.delay + extra).clamp(max=self.max_delay)
+            arrived = self.arrive <= self.time  # (S, N): the oldest slot always has
+            slot = torch.where(arrived, self.written[:, None], -1 << 40).argmax(0)  # the newest arrival
         return self.buf[slot, self._envs]
 
 
@@ -176,17 +200,31 @@ class BimanualController:
     1 cm command per step moves the hand 1 cm per step; it is kept within `max_lead` of the TCP, so that an arm held
     back by contact does not wind up."""
 
-    def __init__(self, scene: BimanualScene, cfg: ControlConfig | None = None) -> None:
+    def __init__(
+        self, scene: BimanualScene, cfg: ControlConfig | None = None, effects: EffectsConfig | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:  # fmt: skip
+        """`effects`: the real cell's actuation effects (none by default); `generator`: what their jitter and dropped
+        commands are drawn from."""
         self.bs, self.cfg = scene, cfg or ControlConfig()
+        self.fx, self.generator = effects or EffectsConfig(), generator
         self.tcp_offset = torch.tensor(TCP_OFFSET)
         self.base_yaw = torch.tensor(BASE_YAW)
+        self.base_shift = torch.zeros(2, 3)  # the true base less the believed one, per arm
+        self.base_shift[1] = torch.tensor(self.fx.base_shift)
         n = scene.num_envs
         self.target_pos = torch.zeros(n, 2, 3)
         self.target_yaw = torch.zeros(n, 2)
         self.q_offset = torch.zeros(n, 2, len(scene.arm_dofs))  # integral of the IK steps
         width = 2 * len(scene.arm_dofs) + 4
         self.delay = ActionDelay(n, width, self.cfg.max_delay) if self.cfg.max_delay else None
+        self.last_command = torch.zeros(n, width)  # what a dropped command leaves in place
+        self.wrist = torch.zeros(n, 2, len(WRIST_JOINTS))  # the wrist joints' targets after backlash and deadband
         self.reset(torch.arange(n))
+
+    @property
+    def wrist_effects(self) -> bool:
+        return self.fx.wrist_backlash > 0.0 or self.fx.wrist_deadband > 0.0
 
     def reset(self, envs_idx: Tensor) -> None:
         """Targets of the envs `envs_idx` to their TCPs' current poses (after a scene reset)."""
@@ -194,15 +232,20 @@ class BimanualController:
         self.target_pos[envs_idx] = poses.pos[envs_idx]
         self.target_yaw[envs_idx] = poses.yaw[envs_idx]
         self.q_offset[envs_idx] = 0.0
+        q = torch.stack([a.get_dofs_position(self.bs.arm_dofs) for a in self.bs.arms], 1)[envs_idx]
+        command = torch.cat([q.flatten(1), torch.zeros(len(envs_idx), 4)], -1)
         if self.delay is not None:
-            q = torch.stack([a.get_dofs_position(self.bs.arm_dofs) for a in self.bs.arms], 1)[envs_idx]
-            self.delay.fill(torch.cat([q.flatten(1), torch.zeros(len(envs_idx), 4)], -1), envs_idx)
+            self.delay.fill(command, envs_idx)
+        self.last_command[envs_idx] = command
+        self.wrist[envs_idx] = q[..., list(WRIST_JOINTS)]
 
     def poses(self) -> ArmPoses:
-        """The TCP poses now."""
+        """The TCP poses now, as each arm's controller reads them (from where it believes its base stands)."""
         hand_pos = torch.stack([h.get_pos() for h in self.bs.hands], 1)  # (N, 2, 3)
         quat = torch.stack([h.get_quat() for h in self.bs.hands], 1)  # (N, 2, 4)
         pos = hand_pos + quat_rotate(quat, self.tcp_offset.expand_as(hand_pos))
+        if self.fx.base_shift != (0.0, 0.0, 0.0):
+            pos = pos - self.base_shift
         return ArmPoses(pos, quat, wrap_angle(top_down_yaw(quat) - self.base_yaw))
 
     def move_targets(self, pos_delta: Tensor, yaw_delta: Tensor, poses: ArmPoses) -> None:
@@ -239,20 +282,40 @@ class BimanualController:
         lo, hi = self.cfg.finger_force_range
         force = finger_force.clamp(lo, hi)[..., None].expand(-1, -1, 2)  # (N, 2, 2)
         command = torch.cat([q.flatten(1), force.flatten(1)], -1)
+        fx, n = self.fx, self.bs.num_envs
+        if fx.drop_prob > 0.0:
+            command = hold_dropped(command, self.last_command, dropped(n, fx.drop_prob, self.generator))
+            self.last_command = command
+        extra = None
+        if fx.latency_jitter > 0 and self.delay is not None:
+            extra = jittered_delay(torch.zeros(n, dtype=torch.long), fx.latency_jitter, self.generator)
         for i in range(self.bs.cfg.decimation):
             if self.delay is not None:
-                self._apply(self.delay.push(command))
+                self._apply(self.delay.push(command, extra))
             elif i == 0:
                 self._apply(command)
+            if fx.payload_force != (0.0, 0.0):
+                self._push_hands()
             self.bs.scene.step(update_visualizer=False)
 
     def _apply(self, command: Tensor) -> None:
         n_arm = len(self.bs.arm_dofs)
         q = command[:, : 2 * n_arm].unflatten(1, (2, n_arm))
         force = command[:, 2 * n_arm :].unflatten(1, (2, 2))
+        if self.wrist_effects:
+            wrist = list(WRIST_JOINTS)
+            self.wrist = wrist_element(q[..., wrist], self.wrist, self.fx.wrist_backlash, self.fx.wrist_deadband)
+            q = q.clone()
+            q[..., wrist] = self.wrist
         for k, arm in enumerate(self.bs.arms):
             arm.control_dofs_position(q[:, k], self.bs.arm_dofs)
             arm.control_dofs_force(force[:, k], self.bs.finger_dofs)
+
+    def _push_hands(self) -> None:
+        """The uncompensated vertical force on each hand, for the next physics step (Genesis clears it after each)."""
+        force = torch.zeros(self.bs.num_envs, 2, 3)
+        force[..., 2] = torch.tensor(self.fx.payload_force)
+        self.bs.solver.apply_links_external_wrench(force=force, links_idx=[h.idx for h in self.bs.hands])
 
 
 # ---------------------------------------------------------------------------------------------- scripted grasp

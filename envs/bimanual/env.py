@@ -12,6 +12,9 @@ A task variant subclasses the env and overrides its hooks: the scene it builds (
 starts (`_start_poses`), what a step reads of the object (`_task_state`: its grasp points and whatever the success test
 and reward need), the success conditions (`_conditions`, `hold_steps`) and the reward (`_reward`).
 
+The config's `effects` and the observations' `look` are off in training; the held-out reality proxy
+(`envs/bimanual/reality.py`) turns them on: the scene, the controller and the camera realize them.
+
 `state_dict()` holds the bodies' joint positions and velocities, the controller's targets and latency buffer, the
 drawn world, the episode counters and the generator; `load_state_dict` writes them back through the setters.
 Genesis keeps contact and solver state that is not saved, so a resumed run continues from the same bodies and world
@@ -61,7 +64,11 @@ FACTOR_BOUNDS = {
     "gain_arm1": (0.5, 1.5), "action_latency": (0.0, 10.0), "camera_latency": (0.0, 4.0),
     "base_offset_x": (-0.02, 0.02), "base_offset_y": (-0.02, 0.02), "object_size": BAR_LENGTHS,
 }  # fmt: skip
-"""physical range of each factor mapped onto [-1, 1] (latencies in physics steps and control steps)"""
+"""physical range of each factor mapped onto [-1, 1] (the action latency in `LATENCY_UNIT`s, the camera's in control
+steps)"""
+LATENCY_UNIT = 0.01
+"""seconds per unit of the `action_latency` factor: the training sim's physics step, so that a finer step (the reality
+proxy's) reports the same latency in the same units"""
 REWARD = {"reach": 0.5, "grip": 1.0, "lift": 2.0, "hold": 2.0, "success": 20.0, "tilt": 0.5, "overshoot": 5.0,
           "action": 0.01}  # fmt: skip
 """weights of the per-step reward terms"""
@@ -83,7 +90,8 @@ def scene_config(cfg, object_kind: str, object_size: tuple[float, float, float])
         num_envs=cfg.num_envs, object_kind=object_kind, object_size=object_size,
         object_mass=sum(rnd.object_mass) / 2, friction=sum(rnd.friction) / 2, dt=cfg.dt, decimation=cfg.decimation,
         batch_dofs_info=True, camera=obs.camera, camera_res=obs.camera_res, camera_renderer=obs.camera_renderer,
-        genesis=cfg.genesis,
+        look=obs.look, contact_timeconst=cfg.effects.contact_timeconst, arm_base_shift=cfg.effects.base_shift,
+        wrist_torque_scale=cfg.effects.wrist_torque_scale, genesis=cfg.genesis,
     )  # fmt: skip
 
 
@@ -110,7 +118,7 @@ class BimanualEnv:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         scene_cfg = self._scene_config()
         self.bs = build_scene(scene_cfg, self.device)
-        self.ctrl = BimanualController(self.bs, ControlConfig(max_delay=cfg.max_latency))
+        self.ctrl = BimanualController(self.bs, ControlConfig(max_delay=cfg.max_latency), cfg.effects, self.generator)
         arms = self.bs.arms
         self.finger_links = torch.tensor([arm.get_link(n).idx for arm in arms for n in ("left_finger", "right_finger")])
         self.rest_height = scene_cfg.object_extent[2] / 2
@@ -181,12 +189,13 @@ class BimanualEnv:
         self.mass[ids] = uniform(rnd.object_mass, (m,), g)
         self.com_shift[ids] = uniform(rnd.com_shift, (m,), g)
         self.friction[ids] = uniform(rnd.friction, (m,), g)
-        self.gain[ids] = uniform(rnd.gain_scale, (m, 2), g)
+        self.gain[ids] = uniform(rnd.gain_scale, (m, 2), g) * torch.tensor(cfg.effects.arm_gain)
         lat = rnd.action_latency
         self.action_latency[ids] = torch.randint(lat[0], lat[1] + 1, (m,), generator=g)
         cam = rnd.camera_latency
         self.camera_latency[ids] = torch.randint(cam[0], cam[1] + 1, (m,), generator=g)
         self.base_offset[ids] = uniform((-rnd.base_offset, rnd.base_offset), (m, 2), g)
+        self.base_offset[ids] += torch.tensor(cfg.effects.base_shift[:2])  # the reality proxy's misregistration
         pos, yaw = self._start_poses(m, g)
         obs = cfg.observations
         self.wrench_bias[ids] = torch.randn(m, 2, 6, generator=g) * obs.wrench_noise
@@ -300,7 +309,7 @@ class BimanualEnv:
     def _update_camera(self, reset_ids: Tensor) -> None:
         if not self.cfg.observations.camera:
             return
-        image = self.bs.render_gray()
+        image = self.bs.render_gray(self.generator)
         depth = self.cfg.randomization.camera_latency[1] + 1
         if self.images is None:
             self.images = image[None].repeat(depth, 1, 1, 1, 1)
@@ -365,7 +374,8 @@ class BimanualEnv:
         return {
             "object_mass": self.mass, "com_shift": self.com_shift, "friction": self.friction,
             "gain_arm0": self.gain[:, 0], "gain_arm1": self.gain[:, 1],
-            "action_latency": self.action_latency.float(), "camera_latency": self.camera_latency.float(),
+            "action_latency": self.action_latency.float() * (self.cfg.dt / LATENCY_UNIT),
+            "camera_latency": self.camera_latency.float(),
             "base_offset_x": self.base_offset[:, 0], "base_offset_y": self.base_offset[:, 1],
             "object_size": torch.full((self.num_envs,), self.object_size),
         }  # fmt: skip

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from envs.bimanual.config import ObservationConfig, RandomizationConfig
+from envs.bimanual.config import EffectsConfig, ObservationConfig, RandomizationConfig, check_latency_buffer
 from envs.bimanual.env import FACTOR_BOUNDS, REACH_SCALE, BimanualEnv, scene_config, uniform
 from envs.bimanual.handover_success import GIVER, RECEIVER, HandoverGoal, handover_conditions, handover_terms
 from envs.bimanual.scene import SceneConfig
@@ -73,6 +73,8 @@ class HandoverConfig:
     """observation groups"""
     goal: HandoverGoal = field(default_factory=HandoverGoal)
     """the goal region, the giver's release and the hold time"""
+    effects: EffectsConfig = field(default_factory=EffectsConfig)
+    """the real cell's physics and actuation effects (all off in training)"""
     error_speed: float = 50.0
     """a body speed above this (m/s, rad/s) counts as an exploded simulation and resets the env (a small cube that is
     knocked spins at tens of rad/s)"""
@@ -90,11 +92,7 @@ class HandoverConfig:
         check_range("env.max_latency", self.max_latency, 0, 100)
         check_range("env.error_speed", self.error_speed, 1.0, 1000.0)
         rnd = self.randomization
-        if rnd.action_latency[1] > self.max_latency:
-            raise ConfigError(
-                f"randomization.action_latency={rnd.action_latency!r} exceeds the latency buffer "
-                f"(env.max_latency={self.max_latency} physics steps)"
-            )
+        check_latency_buffer(self)
         if rnd.camera_latency[1] > 0 and not self.observations.camera:
             raise ConfigError("randomization.camera_latency needs observations.camera=True")
         shift = self.cube_size / 4

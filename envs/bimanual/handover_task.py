@@ -3,7 +3,8 @@
 The estimate targets are those of the bar lift (the action latency, classified in physics steps, and the per-episode
 cube mass, centre-of-mass offset, friction and each arm's gain scale), scaled to the cube's ranges. The action spec is
 the lift's box of 10 values. Evaluation reuses the lift's: one fixed-seed episode per env, ranked by success (the
-handover held for the hold time), reported with its Wilson interval; an episode's `max_height` is the cube's.
+handover held for the hold time), reported with its Wilson interval; an episode's `max_height` is the cube's. The
+reality proxy is the bar lift's (`envs/bimanual/reality.py`), with the cube's own ranges.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import replace
 from envs.bimanual.env import FACTOR_NAMES
 from envs.bimanual.handover import HANDOVER_FACTOR_BOUNDS, HandoverConfig, HandoverEnv, nominal_handover
 from envs.bimanual.handover_expert import HandoverExpert
+from envs.bimanual.reality import reality_env_config
 from envs.bimanual.task import (
     BimanualEvalConfig,
     estimate_targets,
@@ -66,6 +68,7 @@ TASK = register_task(
         observation_groups=observation_groups,
         latency_classes=lambda cfg: {"action_latency": cfg.randomization.action_latency[1] + 1},
         dt_physics=lambda cfg: cfg.dt,
+        reality_env_config=reality_env_config,
         expert=lambda env: HandoverExpert(env),
         description="one Franka arm hands a 4 cm cube to the other, which holds it in a goal region, from one 96x96 "
         "grayscale camera",

@@ -9,10 +9,17 @@ gains per env need `batch_dofs_info=True`, which every physics step pays for. Th
 through Genesis' rasterizer (the Panda's visual meshes, one env after another) or through the batched ray caster of
 `envs/bimanual/camera.py` (fitted primitives); `camera_renderer` picks one and `render_gray` dispatches. The first
 build of a scene kind compiles kernels (tens of seconds, cached under ~/.cache); later builds take seconds.
+
+The reality proxy's settings, all at training's values by default: the contacts' time constant, where arm 1's base
+truly stands (`arm_base_shift`: its controller is told the nominal place), the wrist joints' torque limits, and the
+camera's `look` (`envs/bimanual/look.py`). Both renderers draw the look's pose, light, table and clutter (the
+rasterizer's clutter is visual-only boxes: no collision geometry, so the physics is untouched); `render_gray` then
+passes either renderer's frame through the look's lens and sensor noise.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,16 +28,19 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from envs.bimanual.camera import (
-    BACKGROUND,
+from envs.bimanual.camera import RaycastCamera, scene_geometry
+from envs.bimanual.look import (
+    AMBIENT,
     CAMERA_FOV,
-    CAMERA_LOOKAT,
-    CAMERA_POS,
-    CAMERA_UP,
+    LIGHT,
     OBJECT_COLOR,
-    TABLE_COLOR,
-    RaycastCamera,
-    scene_geometry,
+    CameraLook,
+    camera_pose,
+    clutter_boxes,
+    distort,
+    lens_grid,
+    sensor_noise,
+    table_grain,
 )
 from envs.errors import ConfigError, check_range
 from envs.genesis_import import GenesisConfig, init_genesis
@@ -43,6 +53,8 @@ ARM_KV = (450.0, 450.0, 350.0, 350.0, 200.0, 200.0, 200.0)
 """joint damping of the arm position servos (N·m·s/rad)"""
 ARM_TORQUE = (87.0, 87.0, 87.0, 87.0, 12.0, 12.0, 12.0)
 """joint torque limits (N·m)"""
+WRIST_JOINTS = (4, 5, 6)
+"""the wrist among the seven arm joints (joints 5 to 7)"""
 HOME_QPOS = (0.0, -0.3, 0.0, -2.2, 0.0, 1.9, 0.785, 0.04, 0.04)
 """joint configuration at reset: hand above the table, pointing down, fingers open"""
 TCP_OFFSET = (0.0, 0.0, 0.1034)
@@ -83,6 +95,14 @@ class SceneConfig:
     camera_renderer: Literal["genesis", "raycast"] = "raycast"
     """who renders the camera: 'raycast', the batched torch ray caster of fitted primitives (fast), or 'genesis',
     Genesis' rasterizer of the arms' visual meshes (a detailed look, one env after another)"""
+    look: CameraLook = field(default_factory=CameraLook)
+    """how the camera sees the cell (training's look by default)"""
+    contact_timeconst: float = 0.0
+    """time constant of every contact's response (s); 0: Genesis' default"""
+    arm_base_shift: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """where arm 1's base truly stands, relative to its nominal place (m)"""
+    wrist_torque_scale: float = 1.0
+    """the wrist joints' torque limits relative to `ARM_TORQUE`"""
     genesis: GenesisConfig = field(default_factory=GenesisConfig)
     """engine settings, fixed by the first Genesis scene of a process"""
 
@@ -99,6 +119,10 @@ class SceneConfig:
             raise ConfigError(f"scene.camera_renderer={self.camera_renderer!r}; use 'genesis' or 'raycast'")
         if self.object_kind not in ("bar", "cube"):
             raise ConfigError(f"scene.object_kind={self.object_kind!r}; use 'bar' or 'cube'")
+        check_range("scene.contact_timeconst", self.contact_timeconst, 0.0, 0.2)
+        check_range("scene.wrist_torque_scale", self.wrist_torque_scale, 0.1, 1.0)
+        if any(abs(v) > 0.1 for v in self.arm_base_shift):
+            raise ConfigError(f"scene.arm_base_shift={self.arm_base_shift!r}; each component within 0.1 m")
         if any(not 0.01 <= s <= 0.6 for s in self.object_size):
             raise ConfigError(f"scene.object_size={self.object_size!r}; each side must be in [0.01, 0.6] m")
 
@@ -137,6 +161,8 @@ class BimanualScene:
     object_geoms: list[int]
     nominal_object_com: Tensor = field(repr=False)
     """(3,) the object's centre of mass in its link frame as built"""
+    lens: Tensor | None = field(default=None, repr=False)
+    """the look's lens sampling grid (None: a pinhole)"""
 
     @property
     def num_envs(self) -> int:
@@ -203,17 +229,23 @@ class BimanualScene:
         quat = torch.stack([torch.cos(half), zero, zero, torch.sin(half)], -1)
         self.object.set_qpos(torch.cat([object_pos, quat], -1), envs_idx=envs_idx, zero_velocity=True)
 
-    def render_gray(self) -> Tensor:
-        """`(N, 1, H, W)` uint8 grayscale images, one per env, from the renderer of `cfg.camera_renderer`."""
+    def render_gray(self, generator: torch.Generator | None = None) -> Tensor:
+        """`(N, 1, H, W)` uint8 grayscale images, one per env, from the renderer of `cfg.camera_renderer`, through the
+        look's lens and sensor (its noise drawn from `generator`)."""
         if self.raycaster is not None:
-            return self.raycaster.render(self.solver.get_links_pos(), self.solver.get_links_quat())
-        if self.camera is None:
+            image = self.raycaster.render(self.solver.get_links_pos(), self.solver.get_links_quat())
+        elif self.camera is None:
             raise ConfigError("this scene has no camera; build it with scene.camera=True")
-        rgb = self.camera.render(rgb=True, force_render=True)[0]
-        rgb = torch.as_tensor(rgb).float()
-        if rgb.dim() == 3:
-            rgb = rgb.unsqueeze(0)
-        return (rgb @ torch.tensor(LUMA)).round().clamp_(0, 255).to(torch.uint8).unsqueeze(1)
+        else:
+            rgb = torch.as_tensor(self.camera.render(rgb=True, force_render=True)[0]).float()
+            if rgb.dim() == 3:
+                rgb = rgb.unsqueeze(0)
+            image = (rgb @ torch.tensor(LUMA)).round().clamp_(0, 255).to(torch.uint8).unsqueeze(1)
+        if self.lens is not None:
+            image = distort(image, self.lens)
+        if self.cfg.look.noise > 0.0:
+            image = sensor_noise(image, self.cfg.look.noise, generator)
+        return image
 
     def render_links(self) -> Tensor:
         """`(N, H, W)` long: the solver link each pixel shows (Genesis' segmentation, or the ray caster's), -1 for
@@ -246,39 +278,81 @@ def object_mjcf(size: tuple[float, float, float], mass: float) -> str:
     )
 
 
+def joint_torque_limits(wrist_scale: float = 1.0) -> Tensor:
+    """`(7,)` the arm joints' torque limits (N·m), the wrist's scaled by `wrist_scale`."""
+    limits = torch.tensor(ARM_TORQUE)
+    limits[list(WRIST_JOINTS)] *= wrist_scale
+    return limits
+
+
+def _vis_options(gs, look: CameraLook) -> dict:
+    """The rasterizer's options: training's light unless the look changes it."""
+    light = {}
+    if look.light != LIGHT or look.light_intensity != 1.0:
+        norm = sum(v * v for v in look.light) ** 0.5
+        toward = tuple(-v / norm for v in look.light)  # Genesis takes the direction the light travels
+        light = dict(lights=[dict(type="directional", dir=toward, color=(1.0, 1.0, 1.0),
+                                  intensity=5.0 * look.light_intensity)])  # fmt: skip
+    ambient = min(1.0, 0.4 * (look.ambient / AMBIENT))
+    return dict(
+        vis_options=gs.options.VisOptions(
+            split_envs=True, shadow=False, plane_reflection=False, show_world_frame=False,
+            background_color=(look.background,) * 3, ambient_light=(ambient,) * 3, **light,
+        )
+    )  # fmt: skip
+
+
+def _table_surface(gs, cfg: SceneConfig):
+    """The table's surface: its colour, with the look's grain as a texture that covers the plane once."""
+    look = cfg.look
+    if look.table_texture == 0.0:
+        return gs.surfaces.Default(color=look.table_color)
+    sx, sy = cfg.table_size
+    h, w = round(sy * 400), round(sx * 400)
+    y = (0.5 - (torch.arange(h) + 0.5) / h) * sy  # image row 0 is +y
+    x = ((torch.arange(w) + 0.5) / w - 0.5) * sx
+    xy = torch.stack(torch.meshgrid(x, y, indexing="xy"), -1)  # (h, w, 2)
+    grain = table_grain(xy, look.table_texture, look.clutter_seed)[..., None] * torch.tensor(look.table_color)
+    image = (grain.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).numpy()
+    return gs.surfaces.Default(diffuse_texture=gs.textures.ImageTexture(image_array=image, encoding="linear"))
+
+
+def _add_clutter(gs, scene, cfg: SceneConfig) -> None:
+    """The look's clutter as fixed, visual-only boxes (no collision geometry: the physics never meets them)."""
+    centre, axes, half, albedo = clutter_boxes(cfg.look.clutter, cfg.look.clutter_seed, cfg.table_size)
+    for c, ax, h, a in zip(centre.tolist(), axes, half.tolist(), albedo.tolist()):
+        yaw = float(torch.atan2(ax[1, 0], ax[0, 0]))
+        quat = (math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2))
+        scene.add_entity(
+            gs.morphs.Box(pos=tuple(c), quat=quat, size=tuple(2 * v for v in h), fixed=True, collision=False),
+            surface=gs.surfaces.Default(color=(a, a, a)),
+        )
+
+
 def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> BimanualScene:
     """Build the Genesis scene for `cfg.num_envs` envs, with the nominal friction, mass and gains everywhere."""
     gs = init_genesis(torch.device(device), cfg.genesis)
     rasterized = cfg.camera and cfg.camera_renderer == "genesis"
-    vis = {}
-    if rasterized:
-        vis = dict(
-            vis_options=gs.options.VisOptions(
-                split_envs=True, shadow=False, plane_reflection=False, show_world_frame=False,
-                background_color=(BACKGROUND,) * 3, ambient_light=(0.4, 0.4, 0.4),
-            )
-        )  # fmt: skip
+    contact = {"constraint_timeconst": cfg.contact_timeconst} if cfg.contact_timeconst > 0.0 else {}
     scene = gs.Scene(
         sim_options=gs.options.SimOptions(dt=cfg.dt, substeps=1),
         rigid_options=gs.options.RigidOptions(
-            enable_self_collision=False, batch_links_info=True, batch_dofs_info=cfg.batch_dofs_info,
+            enable_self_collision=False, batch_links_info=True, batch_dofs_info=cfg.batch_dofs_info, **contact,
         ),
         show_viewer=False,
-        **vis,
+        **(_vis_options(gs, cfg.look) if rasterized else {}),
     )  # fmt: skip
     sx, sy = cfg.table_size
     scene.add_entity(
         gs.morphs.Plane(plane_size=(sx, sy), tile_size=(sx, sy)),
         material=gs.materials.Rigid(friction=0.5),
-        surface=gs.surfaces.Default(color=TABLE_COLOR),
+        surface=_table_surface(gs, cfg),
     )
-    d = cfg.arm_distance
+    d, shift = cfg.arm_distance, cfg.arm_base_shift
+    bases = (((-d, 0.0, 0.0), (1.0, 0.0, 0.0, 0.0)), ((d + shift[0], shift[1], shift[2]), (0.0, 0.0, 0.0, 1.0)))
     arms = tuple(
-        scene.add_entity(
-            gs.morphs.MJCF(file=PANDA_XML, pos=(sign * d, 0.0, 0.0), quat=quat),
-            material=gs.materials.Rigid(friction=1.0),
-        )
-        for sign, quat in ((-1.0, (1.0, 0.0, 0.0, 0.0)), (1.0, (0.0, 0.0, 0.0, 1.0)))
+        scene.add_entity(gs.morphs.MJCF(file=PANDA_XML, pos=pos, quat=quat), material=gs.materials.Rigid(friction=1.0))
+        for pos, quat in bases
     )
     size = cfg.object_extent
     # From a file, not a primitive morph, and unaligned: only then can its centre of mass be moved per env.
@@ -292,16 +366,19 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
         )
     camera = None
     if rasterized:
-        pose = dict(pos=CAMERA_POS, lookat=CAMERA_LOOKAT, up=CAMERA_UP, fov=CAMERA_FOV)
+        if cfg.look.clutter:
+            _add_clutter(gs, scene, cfg)
+        pos, lookat, up = camera_pose(cfg.look)
+        pose = dict(pos=pos, lookat=lookat, up=up, fov=CAMERA_FOV)
         camera = scene.add_camera(res=(cfg.camera_res, cfg.camera_res), **pose, GUI=False)
     scene.build(n_envs=cfg.num_envs)
 
     arm_dofs = [arms[0].get_joint(f"joint{i + 1}").dofs_idx_local[0] for i in range(ARM_JOINTS)]
     finger_dofs = [arms[0].get_joint(f"finger_joint{i + 1}").dofs_idx_local[0] for i in range(2)]
+    torque = joint_torque_limits(cfg.wrist_torque_scale)
     for arm in arms:
         arm.set_dofs_kp(torch.tensor(ARM_KP), arm_dofs)
         arm.set_dofs_kv(torch.tensor(ARM_KV), arm_dofs)
-        torque = torch.tensor(ARM_TORQUE)
         arm.set_dofs_force_range(-torque, torque, arm_dofs)
     finger_links = [arm.get_link(name) for arm in arms for name in ("left_finger", "right_finger")]
     bs = BimanualScene(
@@ -313,7 +390,9 @@ def build_scene(cfg: SceneConfig, device: torch.device | str = "cpu") -> Bimanua
         nominal_object_com=scene.rigid_solver.get_links_COM([obj.link_start])[0, 0].clone(),
     )  # fmt: skip
     if cfg.camera and not rasterized:
-        bs.raycaster = RaycastCamera(scene_geometry(bs), cfg.camera_res, device=device)
+        bs.raycaster = RaycastCamera(scene_geometry(bs), cfg.camera_res, device=device, look=cfg.look)
+    if cfg.camera and cfg.look.distortion != 0.0:
+        bs.lens = lens_grid(cfg.camera_res, cfg.look.distortion)
     everyone = torch.arange(cfg.num_envs)
     bs.set_friction(torch.full((cfg.num_envs,), cfg.friction), everyone)
     bs.set_object_mass(torch.full((cfg.num_envs,), cfg.object_mass), everyone)

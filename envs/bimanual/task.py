@@ -3,7 +3,7 @@
 The estimate targets are the action latency (classified in physics steps) and the per-episode bar mass, centre-of-mass
 offset, friction and each arm's gain scale. The action spec is a box of 10 values (per arm: TCP position and yaw
 changes, finger force). Evaluation runs one fixed-seed episode per env and ranks by success (the level lift held for
-the success window), reported with its Wilson interval.
+the success window), reported with its Wilson interval. The reality proxy is `envs/bimanual/reality.py`'s.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import Tensor
 from envs.bimanual.config import BimanualConfig
 from envs.bimanual.env import FACTOR_BOUNDS, FACTOR_NAMES, BimanualEnv, nominal
 from envs.bimanual.expert import ScriptedExpert
+from envs.bimanual.reality import reality_env_config
 from envs.errors import check_range
 from envs.intervals import wilson_interval
 from envs.task import BoxActionSpec, EstimateSpec, Task, register_task
@@ -156,6 +157,7 @@ TASK = register_task(
         observation_groups=observation_groups,
         latency_classes=lambda cfg: {"action_latency": cfg.randomization.action_latency[1] + 1},
         dt_physics=lambda cfg: cfg.dt,
+        reality_env_config=reality_env_config,
         expert=lambda env: ScriptedExpert(env),
         description="two Franka arms lift a 0.26-0.36 m bar level and hold it, from one 96x96 grayscale camera",
     )

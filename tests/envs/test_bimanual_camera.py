@@ -9,16 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from envs.bimanual.camera import (
-    BACKGROUND,
-    DEPTH_STEPS,
-    LIGHT,
-    NO_HIT,
-    RaycastCamera,
-    SceneGeometry,
-    pixel_rays,
-    shade,
-)
+from envs.bimanual.camera import DEPTH_STEPS, NO_HIT, RaycastCamera, SceneGeometry, pixel_rays, shade
+from envs.bimanual.look import BACKGROUND, LIGHT
 from envs.bimanual.primitives import fit_box, fit_capsule, fit_capsules, ray_box, ray_capsule, sample_surface
 
 
