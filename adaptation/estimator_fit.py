@@ -111,7 +111,7 @@ def replay_episodes(
                 spans = [(int(starts[e]), int(ends[e])) for e in group]
                 # raw uint8 frames, scaled inside the encoder as on the car (a quarter of the memory traffic)
                 cam = torch.zeros(len(group), longest, 1, *cols["camera"].shape[-2:], dtype=torch.uint8)
-                prev = torch.zeros(len(group), longest, 2)
+                prev = torch.zeros(len(group), longest, cols["prev_action"].shape[-1])
                 mask = torch.zeros(len(group), longest, dtype=torch.bool)
                 for row, (a, b) in enumerate(spans):
                     cam[row, longest - (b - a) :] = torch.from_numpy(cols["camera"][a:b])

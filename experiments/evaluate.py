@@ -5,15 +5,22 @@
     python -m experiments.evaluate default --checkpoint ... --physics genesis
     python -m experiments.evaluate robust --checkpoint runs/student/checkpoints/round_014.pt   # sim and proxy
     python -m experiments.evaluate proxy --checkpoint ... --reality.variant office-corridor
+    python -m experiments.evaluate default --task bimanual-lift --checkpoint runs/student-bimanual-lift/checkpoints/...
 
 `--world sim` runs the training sim: `--conditions train` uses the randomization the policy was trained with
 (latency, friction, gains, action noise), `nominal` switches every randomization off, `--action-noise x` adds action
 noise up to x. `--world proxy` runs the held-out reality proxy (`--reality.*`, see envs/racing/reality.py);
 `--world both` runs both with the same episode plan, so the gap is one subtraction.
+
+Another task (`--task bimanual-lift`) is evaluated through the task contract: fixed-seed episodes of its own
+evaluation (`--eval.*`: episodes, seed, randomize), its metrics with their Wilson intervals, the selection metric by
+third of each randomized factor, and for a student its online estimates by time since reset; a task without a reality
+proxy refuses `--world proxy` and `both`, naming what is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +29,7 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from envs.bimanual.task import BimanualEvalConfig
 from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError, check_range
@@ -30,8 +38,11 @@ from envs.racing.evaluation import EvalConfig, completion_by_factor, failures_by
 from envs.racing.reality import RealityConfig, reality_env_config
 from envs.racing.transfer import NOMINAL
 from envs.racing.visualize import plot_trajectories
-from experiments.cli import run
+from envs.task import check_task
+from experiments.cli import current_task, run
 from student.policies import load_policy
+from student.task_evaluation import EpisodeWatch, estimation_table, score_by_factor
+from student.task_evaluation import factor_table as task_factor_table
 from student.transfer import evaluate_one
 
 
@@ -72,11 +83,89 @@ class EvaluateConfig:
         check_range("max_speed_percent", self.max_speed_percent, *MAX_SPEED_PERCENT_RANGE)
 
 
-def main(cfg: EvaluateConfig) -> dict:
+@dataclass(frozen=True)
+class EvaluateTaskConfig:
+    """Policy evaluation in a task other than racing, through the task contract."""
+
+    checkpoint: str = ""
+    """policy checkpoint (teacher or student)"""
+    world: Literal["sim", "proxy", "both"] = "sim"
+    """the training sim, or the task's reality proxy (refused while the task has none)"""
+    eval: BimanualEvalConfig = field(default_factory=lambda: BimanualEvalConfig(episodes=32))
+    """fixed-seed episodes (one per env), the seed, and whether the world is drawn from the training ranges"""
+    max_steps: int = 0
+    """control steps per episode (0 = the policy's own env config: a student's is DAgger's `steps_per_round`)"""
+    out_dir: str = "outputs/evaluate"
+    """where the JSON goes"""
+    estimation: bool = True
+    """students: also score the online estimates by time since reset"""
+
+    def __post_init__(self) -> None:
+        check_range("max_steps", self.max_steps, 0, 1_000_000)
+
+
+def task_main(cfg: EvaluateTaskConfig) -> dict:
+    """A task's own evaluation of one policy: metrics, the selection metric by third of each world factor, a student's
+    estimates by time since reset; eval.json with every episode."""
+    console = make_console()
+    policy = load_policy(cfg.checkpoint)
+    task = policy.task
+    check_task(f"--checkpoint {cfg.checkpoint}", task.name, current_task())
+    if cfg.world != "sim":
+        if task.reality_env_config is None:
+            raise ConfigError(
+                f"--world {cfg.world}: task {task.name!r} has no reality proxy yet (its task entry has no "
+                "reality_env_config); evaluate with --world sim"
+            )
+        raise ConfigError(
+            f"--world {cfg.world}: task {task.name!r} has a reality proxy, but this script's {task.name} presets have "
+            "no settings for it yet; evaluate with --world sim"
+        )
+    env_cfg = policy.env_cfg
+    if cfg.max_steps > 0:
+        env_cfg = task.student_env_config(env_cfg, env_cfg.num_envs, cfg.max_steps)
+    env = task.make_eval_env(env_cfg, cfg.eval)
+    policy.check_env(env)
+    watch = EpisodeWatch(task, env, policy)
+    records = task.run_episodes(watch.act, env, cfg.eval, watch.reset)
+    metrics = task.summarize(records, env)
+    by_factor = score_by_factor(task, records, watch.worlds)
+    primary, metric = task.primary_metric, task.selection_metric
+    table = Table(title=f"{Path(cfg.checkpoint).name}: {len(records)} episodes of {task.name} in the training sim")
+    for col in ("metric", "value"):
+        table.add_column(col)
+    for name, value in metrics.items():
+        table.add_row(name, f"{value:.3g}")
+    console.print(table)
+    if by_factor:
+        console.print(task_factor_table(by_factor, metric, f"{metric} by third of each world factor"))
+    results: dict = {
+        "checkpoint": cfg.checkpoint, "task": task.name, "world": "sim", "metrics": metrics,
+        "episodes": [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in records],
+        "worlds": watch.worlds, "by_factor": by_factor,
+    }  # fmt: skip
+    if cfg.estimation:
+        results["estimation"] = watch.estimation()
+        if results["estimation"]:
+            console.print(estimation_table(results["estimation"], task, "online estimates by time since reset"))
+    out = Path(cfg.out_dir)
+    write_text_atomic(out / "eval.json", json.dumps(results, indent=2))
+    lo, hi = metrics.get(f"{primary}_ci_low", float("nan")), metrics.get(f"{primary}_ci_high", float("nan"))
+    console.print(
+        f"{primary} {metrics[primary]:.0%} (95% CI [{lo:.2f}, {hi:.2f}]); results in [bold]{out.resolve()}[/]"
+    )
+    return results
+
+
+def main(cfg: EvaluateConfig | EvaluateTaskConfig) -> dict:
     if not cfg.checkpoint:
         raise ConfigError("--checkpoint is required")
+    if isinstance(cfg, EvaluateTaskConfig):
+        return task_main(cfg)
     console = make_console()
-    policy = load_policy(cfg.checkpoint, max_speed_percent=cfg.max_speed_percent)
+    policy = load_policy(cfg.checkpoint)
+    check_task(f"--checkpoint {cfg.checkpoint}", policy.task.name, current_task())
+    policy.env_cfg = replace(policy.env_cfg, max_speed_percent=cfg.max_speed_percent)
     sim = policy.env_cfg
     if cfg.physics:
         sim = replace(sim, physics=cfg.physics)
@@ -226,5 +315,12 @@ PRESETS = {
     "smoke": ("2 start points, short episodes", EvaluateConfig(eval=EvalConfig(start_points=1, max_seconds=5.0))),
 }
 
+BIMANUAL_PRESETS = {
+    "default": ("32 fixed-seed episodes in the training randomization", EvaluateTaskConfig()),
+    "nominal": ("32 fixed-seed episodes with every factor at its nominal value",
+                EvaluateTaskConfig(eval=BimanualEvalConfig(episodes=32, randomize=False))),
+    "smoke": ("2 episodes (checks the pipeline)", EvaluateTaskConfig(eval=BimanualEvalConfig(episodes=2))),
+}  # fmt: skip
+
 if __name__ == "__main__":
-    run(main, {"racing": PRESETS}, description=__doc__)
+    run(main, {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS}, description=__doc__)

@@ -1,12 +1,15 @@
-"""Deployment runtime: the exported student driving at 15 Hz with a watchdog, logging every step.
+"""Deployment runtime: the exported student driving at the task's control rate with a watchdog, logging every step.
 
 The runtime reads only ONNX / OpenVINO IR / JSON from an export folder (nothing pickled) and opens no network port. It
-owns the recurrent state, preprocesses frames exactly like the car (OpenCV resize to 160x120, BGR -> gray), runs ONNX
-Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator reads it), maps the
-outputs through the task's command mapping (racing: the DeepRacer action space and calibration table), and holds the
-control rate: a frame that arrives late repeats the last command, a camera that stops delivering stops the car, and
+owns the recurrent state, preprocesses frames exactly like the robot (OpenCV resize to the export's image size,
+BGR -> gray), runs ONNX Runtime or OpenVINO (with the planar odometry beside it for a student whose factor estimator
+reads it), maps the outputs through the task's command mapping (racing: the DeepRacer action space and calibration
+table; a task with a box action that registers none: `BoxCommands`, the clamped means themselves), and holds the
+control rate: a frame that arrives late repeats the last command, a camera that stops delivering stops the robot, and
 so does a loop that itself stalls (a control period past `stale_after`); shorter overruns of the control period are
-counted and logged.
+counted and logged. A student that reads more of its `proprio` group than the previous action (an arm's joint
+positions, gripper widths, wrench estimate) gets those readings from the frame source beside each frame; the
+previous action it keeps itself, as the command it sent.
 """
 
 from __future__ import annotations
@@ -33,9 +36,47 @@ class ExportError(GapbridgeError, ValueError):
 
 
 class FrameSource(Protocol):
-    """Delivers camera frames: `read()` -> (BGR or gray uint8 image, capture timestamp in seconds) or None."""
+    """Delivers camera frames: `read()` -> (BGR or gray uint8 image, capture timestamp in seconds) or None; a robot
+    whose student reads more than its previous action adds its readings `(1, R)` as a third item."""
 
-    def read(self) -> tuple[np.ndarray, float] | None: ...
+    def read(self) -> tuple[np.ndarray, float] | tuple[np.ndarray, float, np.ndarray] | None: ...
+
+
+@dataclass
+class BoxCommand:
+    """A box action sent as it is: `action` `(1, A)` inside the box; `safe_stop` marks the stop command."""
+
+    action: np.ndarray
+    safe_stop: bool = False
+
+
+class BoxCommands:
+    """The command mapping of a task with a box action (`export.json`'s `action_space`) that registers none: the
+    command is the policy's means clamped to the box, and the previous action the student reads next is that command
+    (as the env's `proprio` group holds it); the stop command is the box's centre (for the arms: no motion of either
+    hand, the middle of the finger-force range)."""
+
+    def __init__(self, space: dict) -> None:
+        if space.get("kind") != "continuous":
+            kind = space.get("kind")
+            raise ExportError(f"no command mapping for a {kind!r} action space; the task must register one")
+        self.dim, self.low, self.high = int(space["dim"]), float(space["low"]), float(space["high"])
+
+    @property
+    def num_outputs(self) -> int:
+        return self.dim
+
+    @property
+    def previous_action_dim(self) -> int:
+        return self.dim
+
+    def command(self, action_logits: np.ndarray) -> tuple[BoxCommand, np.ndarray]:
+        action = np.clip(np.asarray(action_logits, np.float32).reshape(1, self.dim), self.low, self.high)
+        return BoxCommand(action), action.copy()
+
+    def stop(self) -> BoxCommand:
+        centre = np.full((1, self.dim), 0.5 * (self.low + self.high), np.float32)
+        return BoxCommand(centre, safe_stop=True)
 
 
 class OnnxBackend:
@@ -92,9 +133,17 @@ class StudentRuntime:
         except json.JSONDecodeError as err:
             raise ExportError(f"{self.folder}: invalid JSON ({err})") from None
         task = get_task(str(self.info.get("task", "racing")))  # exports made before tasks are racing's
-        if task.command_mapper is None:
+        if task.command_mapper is not None:
+            self.commands = task.command_mapper(self.folder, command_options)
+        elif "action_space" in self.info:
+            self.commands = BoxCommands(self.info["action_space"])
+        else:
             raise ExportError(f"{self.folder}: task {task.name!r} has no deployment command mapping")
-        self.commands = task.command_mapper(self.folder, command_options)
+        self.control_hz = float(self.info.get("control_hz", 15.0))
+        self.image_hw = tuple(int(v) for v in self.info.get("image_hw", (120, 160)))
+        self.proprio_dim = int(self.info.get("proprio_dim", self.commands.previous_action_dim))
+        self.readings_dim = self.proprio_dim - self.commands.previous_action_dim
+        """columns of the robot's own readings the student reads after the previous action"""
         if backend == "onnx":
             self.backend = OnnxBackend(self.folder / "student.onnx", threads)
         elif backend == "openvino":
@@ -127,8 +176,15 @@ class StudentRuntime:
 
     def _check_shapes(self) -> None:
         inputs = self.backend.inputs
-        prev = [1, self.commands.previous_action_dim]
-        expected = {"camera": [1, 1, 120, 160], "prev_action": prev, "history_in": self.info["history_shape"]}
+        if self.readings_dim < 0:
+            raise ExportError(
+                f"{self.folder}: the student reads {self.proprio_dim} proprio columns, fewer than the "
+                f"{self.commands.previous_action_dim} of the previous action"
+            )
+        self.proprio_name = "proprio" if self.readings_dim else "prev_action"
+        camera = [1, 1, *self.image_hw]
+        history = self.info["history_shape"]
+        expected = {"camera": camera, self.proprio_name: [1, self.proprio_dim], "history_in": history}
         if self.tracker is not None:
             expected["motion"] = [1, 3]
         for name, shape in expected.items():
@@ -136,14 +192,20 @@ class StudentRuntime:
                 raise ExportError(f"{self.folder}: model has no input {name!r} (inputs: {sorted(inputs)})")
             if list(inputs[name]) != list(shape):
                 raise ExportError(f"{self.folder}: input {name!r} has shape {list(inputs[name])}, expected {shape}")
-        probe = self.backend.run(self._feeds(np.zeros((1, 1, 120, 160), np.float32)))
+        probe = self.backend.run(self._feeds(np.zeros(camera, np.float32)))
         n_out = probe["action_logits"].shape[-1]
         n_act = self.commands.num_outputs
         if n_out != n_act:
             raise ExportError(f"{self.folder}: model outputs {n_out} actions but the action space has {n_act}")
 
-    def _feeds(self, camera: np.ndarray, motion: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        feeds = {"camera": camera, "prev_action": self.prev_action, "history_in": self.history}
+    def _feeds(
+        self, camera: np.ndarray, motion: np.ndarray | None = None, readings: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        proprio = self.prev_action
+        if self.readings_dim:
+            got = np.zeros((1, self.readings_dim), np.float32) if readings is None else readings
+            proprio = np.concatenate([self.prev_action, got[:, : self.readings_dim].astype(np.float32)], axis=1)
+        feeds = {"camera": camera, self.proprio_name: proprio, "history_in": self.history}
         if self.tracker is not None:
             feeds["motion"] = np.zeros((1, 3), np.float32) if motion is None else motion
         return feeds
@@ -162,11 +224,32 @@ class StudentRuntime:
         if self.tracker is not None:
             self.tracker.reset(self._torch.ones(1, dtype=self._torch.bool))
 
-    def infer(self, camera: np.ndarray) -> dict[str, np.ndarray]:
-        """One control step on a preprocessed `(1, 1, 120, 160)` frame; advances the recurrent state."""
+    def preprocess(self, frame: np.ndarray) -> np.ndarray:
+        """Any camera image -> `(1, 1, H, W)` float32 raw 0-255 grayscale at the export's image size."""
+        if tuple(self.image_hw) == (120, 160):
+            return preprocess(frame)
+        import cv2
+
+        if frame.ndim == 3 and frame.shape[2] == 3:
+            frame = cv2.cvtColor(frame, cv2.COLOR_BGR2GRAY)
+        elif frame.ndim == 3:
+            frame = frame[..., 0]
+        h, w = self.image_hw
+        if frame.shape != (h, w):
+            frame = cv2.resize(frame, (w, h), interpolation=cv2.INTER_AREA)
+        return frame.astype(np.float32)[None, None]
+
+    def infer(self, camera: np.ndarray, readings: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """One control step on a preprocessed `(1, 1, H, W)` frame (and, for a student that reads them, the robot's
+        readings `(1, R)` after the previous action); advances the recurrent state."""
+        if self.readings_dim and readings is None:
+            raise ExportError(
+                f"{self.folder}: the student reads {self.readings_dim} proprio readings besides the previous action; "
+                "the frame source gave none"
+            )
         motion = self._motion(camera) if self.tracker is not None else None
         self.last_motion = motion
-        out = self.backend.run(self._feeds(camera, motion))
+        out = self.backend.run(self._feeds(camera, motion, readings))
         self.history = out["history_out"].astype(np.float32)
         self.last_outputs = out
         return out
@@ -184,7 +267,7 @@ class StudentRuntime:
 @dataclass(frozen=True)
 class LoopConfig:
     rate_hz: float = 15.0
-    """control rate"""
+    """control rate (racing's camera; a runtime's `control_hz` is its export's)"""
     late_after: float = 1.5
     """a frame older than this many periods is late: repeat the last safe command"""
     stale_after: float = 0.5
@@ -232,8 +315,8 @@ def drive(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, float]:
-    """The 15 Hz loop with its watchdogs (camera and loop period); returns counts of steps, late frames (repeats),
-    safe stops, loop overruns and stalls, and the longest period between two commands."""
+    """The control loop at `cfg.rate_hz` with its watchdogs (camera and loop period); returns counts of steps, late
+    frames (repeats), safe stops, loop overruns and stalls, and the longest period between two commands."""
     period = 1.0 / cfg.rate_hz
     last_frame_time = clock()
     last_cmd = runtime.stop()
@@ -252,7 +335,7 @@ def drive(
                 break
             sleep(min(period, cfg.stale_after / 4))
             continue
-        frame, stamp = item
+        frame, stamp, *readings = item
         last_frame_time = now
         if now - stamp > cfg.late_after * period:
             cmd = replace(last_cmd)  # a late frame repeats the last command sent
@@ -260,7 +343,8 @@ def drive(
             outputs = {}
         else:
             t0 = clock()
-            outputs = runtime.infer(preprocess(frame))
+            image = runtime.preprocess(frame) if hasattr(runtime, "preprocess") else preprocess(frame)
+            outputs = runtime.infer(image, readings[0]) if readings else runtime.infer(image)
             cmd = runtime.command(outputs)
             if log is not None:
                 log.inference_ms = 1000.0 * (clock() - t0)

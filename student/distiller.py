@@ -65,23 +65,33 @@ LogFn = Callable[[dict[str, float], int], None]
 
 
 def output_spec(
-    task: Task, env, teacher: TeacherPolicy, privileged: bool = False, frozen_head: bool = False
+    task: Task,
+    env,
+    teacher: TeacherPolicy,
+    privileged: bool = False,
+    frozen_head: bool = False,
+    proprio: str = "previous-action",
 ) -> OutputSpec:
-    """What a student distilled from `teacher` in `env` of `task` reads and predicts (`privileged`: also the teacher's
-    own observation, the `teacher` group, as an auxiliary target; `frozen_head`: that estimate and z-hat feed the
-    teacher's frozen trunk, which expects the env's observation layout)."""
+    """What a student distilled from `teacher` in `env` of `task` reads and predicts: the env's camera frames and, of
+    its `proprio` group, the previous action (`proprio` `previous-action`) or the whole group (`all`); `privileged`:
+    also the teacher's own observation, the `teacher` group, as an auxiliary target; `frozen_head`: that estimate and
+    z-hat feed the teacher's frozen trunk, which expects the env's observation layout."""
     space = env.action_space
     head = teacher_head_spec(teacher, task, ObsLayout.of_env(env, task.factor_names)) if frozen_head else None
+    obs = env.get_observations()
+    width = obs["proprio"].shape[-1] if proprio == "all" else task.previous_action_dim
     return OutputSpec(
         kind=space.kind,
         num_outputs=space.num_outputs,
         latent_dim=teacher.actor.factor_encoder.latent_dim,
         estimates=task.estimates,
         latency_classes=task.latency_classes(env.cfg),
-        proprio_dim=task.previous_action_dim,
+        proprio_dim=width,
         task=task.name,
         privileged_dim=teacher.layout.teacher if privileged or frozen_head else 0,
         teacher_head=head,
+        image_hw=tuple(obs["camera"].shape[-2:]),
+        previous_action_dim=task.previous_action_dim if width != task.previous_action_dim else 0,
     )
 
 
@@ -134,8 +144,9 @@ class Distiller:
         teacher.check_env(self.env)
         self.task.check_groups(self.env, ("camera", "proprio"), "the student")
         self.spec = output_spec(
-            self.task, self.env, teacher, dagger_cfg.privileged_weight > 0, student_cfg.head == "frozen-teacher"
-        )
+            self.task, self.env, teacher, dagger_cfg.privileged_weight > 0, student_cfg.head == "frozen-teacher",
+            student_cfg.proprio,
+        )  # fmt: skip
         # The student and the teacher run where the env's tensors are (a CUDA env: on that GPU); the mixing draws stay
         # on the CPU, the augmentation's on the device.
         self.device = torch.device(getattr(self.env_cfg, "device", "cpu"))
@@ -156,7 +167,7 @@ class Distiller:
         obs = self.env.get_observations()
         self.schema = rollout_schema(
             self.spec.num_outputs, self.spec.latent_dim, obs["env_factors"].shape[-1], len(self.task.estimates.targets),
-            obs["teacher"].shape[-1], self.spec.proprio_dim, self.env.action_space.num_actions,
+            obs["teacher"].shape[-1], self.spec.proprio_dim, self.env.action_space.num_actions, self.spec.image_hw,
         )  # fmt: skip
         self.round, self.episodes, self.samples = 0, 0, 0
         self.wall_minutes = 0.0  # DAgger wall time so far, across resumes
@@ -281,7 +292,11 @@ class Distiller:
         try:
             data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
             self.estimator_fit = fit_estimator(
-                self.model.estimator, data, self.env_cfg.dt_physics, steps=cfg.estimator_fit_steps, seed=cfg.seed
+                self.model.estimator,
+                data,
+                self.task.dt_physics(self.env_cfg),
+                steps=cfg.estimator_fit_steps,
+                seed=cfg.seed,
             )
         finally:
             self.model.to(self.device)

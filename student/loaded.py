@@ -50,9 +50,13 @@ class LoadedStudent:
             raise CheckpointError(
                 f"{self.source}: the student reads the observation group 'camera', which this env does not offer"
             )
-        if tuple(obs["camera"].shape[1:]) != (1, 120, 160):
+        expected = (1, *self.model.spec.image_hw)
+        if tuple(obs["camera"].shape[1:]) != expected:
+            raise CheckpointError(f"{self.source}: camera frames {tuple(obs['camera'].shape[1:])}, expected {expected}")
+        width = obs["proprio"].shape[-1] if "proprio" in obs.keys() else 0
+        if width < self.model.spec.proprio_dim:
             raise CheckpointError(
-                f"{self.source}: camera frames {tuple(obs['camera'].shape[1:])}, expected (1, 120, 160)"
+                f"{self.source}: the student reads {self.model.spec.proprio_dim} proprio columns, the env has {width}"
             )
         if env.action_space != self.action_space:
             raise CheckpointError(

@@ -58,6 +58,10 @@ class StudentConfig:
     """dropout before the policy head's output layer (free head)"""
     burn_in: int = 16
     """GRU only: steps of a training window that only build up the hidden state"""
+    proprio: Literal["previous-action", "all"] = "previous-action"
+    """what the student reads of the task's `proprio` group besides the camera: `previous-action`, its leading columns
+    that hold the previous action; `all`, the whole group (an arm's joint positions, gripper widths and wrench estimate
+    besides the previous action)"""
 
     def __post_init__(self) -> None:
         check_range("student.head_dropout", self.head_dropout, 0.0, 0.9)
@@ -96,17 +100,29 @@ class OutputSpec:
     latency_classes: dict[str, int]
     """classes (physics substeps) of each latency estimate, in `estimates.latencies` order"""
     proprio_dim: int = 2
-    """leading columns of the `proprio` group the student reads (its previous action)"""
+    """leading columns of the `proprio` group the student reads (the previous action first)"""
     task: str = "racing"
     privileged_dim: int = 0
     """width of the teacher's privileged observation the student predicts as an auxiliary training target (0: no such
     head; students saved before the head existed read as 0)"""
     teacher_head: TeacherHeadSpec | None = None
     """the teacher a frozen-head student expects and its trunk's architecture (None: a free-head student)"""
+    image_hw: tuple[int, int] = (120, 160)
+    """camera frame height and width (students saved before tasks had other cameras read 120 x 160)"""
+    previous_action_dim: int = 0
+    """leading columns of what the student reads of `proprio` that hold the previous action (0: all `proprio_dim`
+    of them, as for students that read the previous action alone)"""
 
     def __post_init__(self) -> None:
         if list(self.latency_classes) != list(self.estimates.latencies):
             raise ValueError(f"latency classes {list(self.latency_classes)} != latencies {self.estimates.latencies}")
+        if not 0 <= self.previous_action_dim <= self.proprio_dim:
+            raise ValueError(f"previous_action_dim {self.previous_action_dim} outside 0..{self.proprio_dim}")
+
+    @property
+    def action_columns(self) -> int:
+        """How many leading columns of the student's proprio input are the previous action."""
+        return self.previous_action_dim or self.proprio_dim
 
     def to_dict(self) -> dict:
         return {
@@ -114,6 +130,7 @@ class OutputSpec:
             "estimates": self.estimates.to_dict(), "latency_classes": dict(self.latency_classes),
             "proprio_dim": self.proprio_dim, "task": self.task, "privileged_dim": self.privileged_dim,
             "teacher_head": None if self.teacher_head is None else self.teacher_head.to_dict(),
+            "image_hw": list(self.image_hw), "previous_action_dim": self.previous_action_dim,
         }  # fmt: skip
 
     @classmethod
@@ -123,6 +140,7 @@ class OutputSpec:
             EstimateSpec.from_dict(data["estimates"]), {k: int(v) for k, v in data["latency_classes"].items()},
             int(data["proprio_dim"]), str(data["task"]), int(data.get("privileged_dim", 0)),
             None if data.get("teacher_head") is None else TeacherHeadSpec.from_dict(data["teacher_head"]),
+            tuple(int(v) for v in data.get("image_hw", (120, 160))), int(data.get("previous_action_dim", 0)),
         )  # fmt: skip
 
 
@@ -136,11 +154,10 @@ def previous_frames(camera: Tensor, mask: Tensor) -> Tensor:
 
 
 class StudentModel(nn.Module):
-    image_hw = (120, 160)
-
     def __init__(self, cfg: StudentConfig, spec: OutputSpec) -> None:
         super().__init__()
         self.cfg, self.spec = cfg, spec
+        self.image_hw = tuple(spec.image_hw)
         self.encoder = ImageEncoder(cfg.encoder, self.image_hw)
         e, p = cfg.encoder.embed_dim, spec.proprio_dim
         if cfg.history.kind == "none":
@@ -160,6 +177,11 @@ class StudentModel(nn.Module):
                     f"motor gain); task {spec.task!r} estimates {spec.estimates.targets}: use --student.estimator.kind "
                     "none"
                 )
+            if spec.proprio_dim != spec.action_columns:
+                raise ConfigError(
+                    "student.estimator: the factor estimator reads the previous action alone; with --student.proprio "
+                    "all use --student.estimator.kind none"
+                )
             self.estimator = FactorEstimator(cfg.estimator, classes["action_latency"], classes["camera_latency"])
         frozen = check_head(cfg.head, cfg.history.kind, spec)
         self.head = None if frozen else PolicyHead(head_in, spec.num_outputs, cfg.head_hidden, cfg.head_dropout)
@@ -170,7 +192,7 @@ class StudentModel(nn.Module):
         # the same weights with or without it.
         self.privileged_head = PrivilegedHead(head_in, spec.privileged_dim) if spec.privileged_dim > 0 else None
         self.teacher_head = (
-            FrozenTeacherHead(spec.teacher_head, spec.num_outputs, spec.proprio_dim) if spec.teacher_head else None
+            FrozenTeacherHead(spec.teacher_head, spec.num_outputs, spec.action_columns) if spec.teacher_head else None
         )
 
     def adopt_teacher(self, teacher: TeacherPolicy) -> None:
@@ -193,6 +215,10 @@ class StudentModel(nn.Module):
         observation = self.teacher_head.observation(observation, prev_action, self.privileged_head)
         return self.teacher_head(observation, z)
 
+    def _previous(self, proprio: Tensor) -> Tensor:
+        """The previous action: the leading columns of what the student reads of `proprio`."""
+        return proprio[..., : self.spec.action_columns]
+
     def _act(self, features: Tensor, heads: dict[str, Tensor], prev_action: Tensor) -> tuple[Tensor, Tensor | None]:
         """The policy's outputs from the policy head's input `features`, and a frozen-head student's estimate of the
         teacher's normalized observation as its trunk reads it (None for a free head)."""
@@ -210,7 +236,8 @@ class StudentModel(nn.Module):
         grad_stride: int = 1,
         privileged: bool = False,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """camera `(B, T, 1, H, W)`, prev_action `(B, T, 2)`, mask `(B, T)` -> outputs `(B, T, A)`, heads.
+        """camera `(B, T, 1, H, W)`, prev_action `(B, T, P)` (what the student reads of `proprio`, the previous action
+        first), mask `(B, T)` -> outputs `(B, T, A)`, heads.
 
         With `privileged`, the heads also hold `privileged` `(B, T, privileged_dim)`: the privileged head's normalized
         prediction of the teacher's observation (a student without that head refuses).
@@ -257,7 +284,7 @@ class StudentModel(nn.Module):
             heads = self.history.heads(h)
             if self.estimator is not None and not self.estimator.reads_odometry:  # odometry is not in the window
                 heads = FactorEstimator.merge(
-                    heads, self.estimator(FactorEstimator.inputs(prev_action, heads["estimates"]), mask)
+                    heads, self.estimator(FactorEstimator.inputs(self._previous(prev_action), heads["estimates"]), mask)
                 )
             features = torch.cat([emb, h, prev_action], -1)
         outputs, estimate = self._act(features, heads, prev_action)
@@ -288,7 +315,7 @@ class StudentModel(nn.Module):
     def step(
         self, camera: Tensor, prev_action: Tensor, state: Tensor, motion: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
-        """One frame: camera `(N, 1, H, W)`, prev_action `(N, 2)`, state -> outputs `(N, A)`, heads, new state.
+        """One frame: camera `(N, 1, H, W)`, prev_action `(N, P)`, state -> outputs `(N, A)`, heads, new state.
 
         A factor estimator that reads odometry takes `motion` `(N, 3)`: the normalized body velocities the odometry
         measured between the previous frame and this one (`adaptation.odometry.OdometryTracker`); without it the
@@ -317,9 +344,9 @@ class StudentModel(nn.Module):
         new.append(hist)
         if self.estimator is not None:
             if not self.estimator.reads_odometry:
-                inputs = FactorEstimator.inputs(prev_action, heads["estimates"])
+                inputs = FactorEstimator.inputs(self._previous(prev_action), heads["estimates"])
             elif motion is not None:
-                inputs = torch.cat([prev_action, motion.to(prev_action.dtype)], -1)
+                inputs = torch.cat([self._previous(prev_action), motion.to(prev_action.dtype)], -1)
             else:
                 inputs = None
             if inputs is None:
@@ -336,7 +363,7 @@ class StudentModel(nn.Module):
         return outputs, heads, torch.cat([x.flatten(1) for x in new], dim=1)
 
     def actions(self, outputs: Tensor) -> Tensor:
-        """Deterministic actions: the most likely index `(…, 1)` or the clamped mean `(…, 2)`."""
+        """Deterministic actions: the most likely index `(…, 1)` or the clamped means `(…, A)`."""
         if self.spec.kind == "discrete":
             return outputs.argmax(-1, keepdim=True).float()
         return outputs.clamp(-1.0, 1.0)  # a box policy's means, in the box [-1, 1] its env maps onto the commands

@@ -135,12 +135,12 @@ class FrozenTeacherHead(nn.Module):
 
     def observation(self, estimate: Tensor, prev_action: Tensor, privileged: PrivilegedHead) -> Tensor:
         """The normalized observation the trunk reads `(..., D)`: the estimate, with the previous-action columns (if the
-        group holds them) replaced by the known previous action `(..., P)`, normalized by `privileged`'s centre and
-        scale as the teacher normalizes its own."""
+        group holds them) replaced by the known previous action (the leading columns of `prev_action` `(..., P)`),
+        normalized by `privileged`'s centre and scale as the teacher normalizes its own."""
         if self.known is None:
             return estimate
         a, b = self.known
-        known = (prev_action - privileged.centre[a:b]) / privileged.scale[a:b]
+        known = (prev_action[..., : b - a] - privileged.centre[a:b]) / privileged.scale[a:b]
         return torch.cat([estimate[..., :a], known.to(estimate.dtype), estimate[..., b:]], dim=-1)
 
     def forward(self, observation: Tensor, z: Tensor) -> Tensor:
