@@ -29,8 +29,9 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from envs.bimanual.reality import ArmRealityConfig
 from envs.bimanual.task import BimanualEvalConfig
-from envs.config_io import write_text_atomic
+from envs.config_io import to_dict, write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError, check_range
 from envs.racing.car import MAX_SPEED_PERCENT_RANGE
@@ -99,6 +100,11 @@ class EvaluateTaskConfig:
     """where the JSON goes"""
     estimation: bool = True
     """students: also score the online estimates by time since reset"""
+    reality: ArmRealityConfig = field(default_factory=ArmRealityConfig)
+    """the two-arm reality proxy (with --world proxy; see envs/bimanual/reality.py)"""
+    part: Literal["all", "dynamics", "perception", "none"] = "all"
+    """what of the proxy the world takes: all of it, its dynamics or its perception only, or none (the training sim
+    at nominal values); against none the two parts split the gap"""
 
     def __post_init__(self) -> None:
         check_range("max_steps", self.max_steps, 0, 1_000_000)
@@ -111,27 +117,28 @@ def task_main(cfg: EvaluateTaskConfig) -> dict:
     policy = load_policy(cfg.checkpoint)
     task = policy.task
     check_task(f"--checkpoint {cfg.checkpoint}", task.name, current_task())
-    if cfg.world != "sim":
-        if task.reality_env_config is None:
-            raise ConfigError(
-                f"--world {cfg.world}: task {task.name!r} has no reality proxy yet (its task entry has no "
-                "reality_env_config); evaluate with --world sim"
-            )
+    if cfg.world == "both":
+        raise ConfigError(f"--world both: not yet for task {task.name!r}; run --world sim and --world proxy")
+    if cfg.world == "proxy" and task.reality_env_config is None:
         raise ConfigError(
-            f"--world {cfg.world}: task {task.name!r} has a reality proxy, but this script's {task.name} presets have "
-            "no settings for it yet; evaluate with --world sim"
+            f"--world {cfg.world}: task {task.name!r} has no reality proxy yet (its task entry has no "
+            "reality_env_config); evaluate with --world sim"
         )
-    env_cfg = policy.env_cfg
+    env_cfg, eval_cfg, where = policy.env_cfg, cfg.eval, "the training sim"
     if cfg.max_steps > 0:
         env_cfg = task.student_env_config(env_cfg, env_cfg.num_envs, cfg.max_steps)
-    env = task.make_eval_env(env_cfg, cfg.eval)
+    if cfg.world == "proxy":
+        env_cfg = task.reality_env_config(env_cfg, cfg.reality, cfg.part)
+        eval_cfg = replace(cfg.eval, randomize=True)  # the proxy fixes its world; `nominal` would undo it
+        where = f"the reality proxy ({cfg.reality.variant}, part {cfg.part})"
+    env = task.make_eval_env(env_cfg, eval_cfg)
     policy.check_env(env)
     watch = EpisodeWatch(task, env, policy)
-    records = task.run_episodes(watch.act, env, cfg.eval, watch.reset)
+    records = task.run_episodes(watch.act, env, eval_cfg, watch.reset)
     metrics = task.summarize(records, env)
     by_factor = score_by_factor(task, records, watch.worlds)
     primary, metric = task.primary_metric, task.selection_metric
-    table = Table(title=f"{Path(cfg.checkpoint).name}: {len(records)} episodes of {task.name} in the training sim")
+    table = Table(title=f"{Path(cfg.checkpoint).name}: {len(records)} episodes of {task.name} in {where}")
     for col in ("metric", "value"):
         table.add_column(col)
     for name, value in metrics.items():
@@ -140,10 +147,12 @@ def task_main(cfg: EvaluateTaskConfig) -> dict:
     if by_factor:
         console.print(task_factor_table(by_factor, metric, f"{metric} by third of each world factor"))
     results: dict = {
-        "checkpoint": cfg.checkpoint, "task": task.name, "world": "sim", "metrics": metrics,
+        "checkpoint": cfg.checkpoint, "task": task.name, "world": cfg.world, "metrics": metrics,
         "episodes": [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in records],
         "worlds": watch.worlds, "by_factor": by_factor,
     }  # fmt: skip
+    if cfg.world == "proxy":
+        results["reality"] = {"part": cfg.part, **to_dict(cfg.reality.resolved())}
     if cfg.estimation:
         results["estimation"] = watch.estimation()
         if results["estimation"]:
@@ -319,8 +328,14 @@ BIMANUAL_PRESETS = {
     "default": ("32 fixed-seed episodes in the training randomization", EvaluateTaskConfig()),
     "nominal": ("32 fixed-seed episodes with every factor at its nominal value",
                 EvaluateTaskConfig(eval=BimanualEvalConfig(episodes=32, randomize=False))),
+    "proxy": ("32 fixed-seed episodes in the reality proxy (--reality.variant, --part)",
+              EvaluateTaskConfig(world="proxy")),
     "smoke": ("2 episodes (checks the pipeline)", EvaluateTaskConfig(eval=BimanualEvalConfig(episodes=2))),
 }  # fmt: skip
 
 if __name__ == "__main__":
-    run(main, {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS}, description=__doc__)
+    run(
+        main,
+        {"racing": PRESETS, "bimanual-lift": BIMANUAL_PRESETS, "bimanual-handover": BIMANUAL_PRESETS},
+        description=__doc__,
+    )

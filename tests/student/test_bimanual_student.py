@@ -20,6 +20,7 @@ import torch
 
 import envs.task as task_registry
 import experiments.cli as cli
+from envs.bimanual.task import BimanualEvalConfig
 from envs.errors import ConfigError
 from envs.task import get_task
 from student.deploy import BoxCommands, ExportError, StudentRuntime
@@ -99,6 +100,26 @@ def test_evaluate_reports_success_by_factor_third_and_refuses_a_missing_proxy(li
     assert {"success", "success_ci_low", "success_ci_high"} <= set(result["metrics"])
     assert result["by_factor"] and all(len(rows) == 2 for rows in result["by_factor"].values())  # 2 bins of one
     assert result["estimation"], "a student's estimates are scored by time since reset"
+
+
+def test_evaluate_in_the_reality_proxy_records_its_world(lift_student, tmp_path):
+    """`evaluate proxy --task bimanual-lift`: the episodes run in the proxy's world (its fixed mass and friction, not
+    the training draw), and eval.json names the variant and part."""
+    from envs.bimanual.reality import ArmRealityConfig
+    from experiments.evaluate import BIMANUAL_PRESETS
+    from experiments.evaluate import main as evaluate
+
+    ckpt = str(lift_student / "checkpoints" / "round_002.pt")
+    cfg = replace(BIMANUAL_PRESETS["proxy"][1], checkpoint=ckpt, out_dir=str(tmp_path),
+                  eval=BimanualEvalConfig(episodes=2), reality=ArmRealityConfig(variant="heavy-slippery"),
+                  estimation=False)  # fmt: skip
+    with task_flag("bimanual-lift"):
+        evaluate(cfg)
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["world"] == "proxy" and result["reality"]["variant"] == "heavy-slippery"
+    assert result["reality"]["part"] == "all" and len(result["episodes"]) == 2
+    frictions = {round(w["friction"], 6) for w in result["worlds"]}
+    assert frictions == {round(result["reality"]["friction"], 6)}, "every episode in the proxy's friction"
 
 
 def test_export_parity_latency_and_the_20hz_sim_loop(lift_student, tmp_path):
