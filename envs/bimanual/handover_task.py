@@ -1,6 +1,7 @@
 """The `bimanual-handover` task: one Franka arm hands a cube to the other, registered through the task contract.
 
-The estimate targets are those of the bar lift (the action latency, classified in physics steps, and the per-episode
+Everything but the env, its ranges, the estimates' scales and the expert is the bar lift's entry. The estimate
+targets are those of the bar lift (the action latency, classified in physics steps, and the per-episode
 cube mass, centre-of-mass offset, friction and each arm's gain scale), scaled to the cube's ranges. The action spec is
 the lift's box of 10 values. Evaluation reuses the lift's: one fixed-seed episode per env, ranked by success (the
 handover held for the hold time), reported with its Wilson interval; an episode's `max_height` is the cube's. The
@@ -11,19 +12,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from envs.bimanual.env import FACTOR_NAMES
 from envs.bimanual.handover import HANDOVER_FACTOR_BOUNDS, HandoverConfig, HandoverEnv, nominal_handover
 from envs.bimanual.handover_expert import HandoverExpert
-from envs.bimanual.reality import reality_env_config
-from envs.bimanual.task import (
-    BimanualEvalConfig,
-    estimate_targets,
-    observation_groups,
-    run_episodes,
-    student_env_config,
-    summarize,
-)
-from envs.task import BoxActionSpec, EstimateSpec, Task, register_task
+from envs.bimanual.task import TASK as LIFT
+from envs.bimanual.task import BimanualEvalConfig
+from envs.task import EstimateSpec, register_task
 
 ESTIMATES = EstimateSpec(
     latencies=("action_latency",),
@@ -46,29 +39,14 @@ def make_eval_env(env_cfg: HandoverConfig, eval_cfg: BimanualEvalConfig) -> Hand
 
 
 TASK = register_task(
-    Task(
+    replace(
+        LIFT,
         name="bimanual-handover",
         config_cls=HandoverConfig,
         make_env=HandoverEnv,
-        factor_names=FACTOR_NAMES,
         factor_bounds=HANDOVER_FACTOR_BOUNDS,
         estimates=ESTIMATES,
-        estimate_targets=estimate_targets,
-        action_spec_from_dict=BoxActionSpec.from_dict,
-        eval_config_cls=BimanualEvalConfig,
         make_eval_env=make_eval_env,
-        run_episodes=run_episodes,
-        summarize=summarize,
-        primary_metric="success",
-        selection_metric="success",
-        episode_score=lambda record: float(record.success),
-        previous_action_dim=10,
-        teacher_previous_action=-11,  # the previous action, then the episode's elapsed share
-        student_env_config=student_env_config,
-        observation_groups=observation_groups,
-        latency_classes=lambda cfg: {"action_latency": cfg.randomization.action_latency[1] + 1},
-        dt_physics=lambda cfg: cfg.dt,
-        reality_env_config=reality_env_config,
         expert=lambda env: HandoverExpert(env),
         description="one Franka arm hands a 4 cm cube to the other, which holds it in a goal region, from one 96x96 "
         "grayscale camera",
