@@ -281,12 +281,12 @@ BIMANUAL_STUDENT = StudentConfig(
 """the arm student: the DeepRacer CNN on 96 x 96 frames, a 2-s TCN, the whole proprio group"""
 
 BIMANUAL_DAGGER = DaggerConfig(
-    rounds=12, envs=32, steps_per_round=160, train_steps=100, batch_windows=8, labels_per_window=24,
+    rounds=30, envs=32, steps_per_round=160, train_steps=400, batch_windows=12, labels_per_window=24,
     estimator_fit_steps=0, max_minutes=28.0,
 )  # fmt: skip
 """one whole 8-s episode per env and round (160 steps at 20 Hz, so the saved student's episodes are the task's);
-windows of the 40-step context plus 24 labels; sized for about 30 minutes of DAgger with the camera on 2 CPU cores,
-and `max_minutes` ends the run after the round in progress should it take longer"""
+windows of the 40-step context plus 24 labels; about a minute per round with the camera on 2 CPU cores, and
+`max_minutes` ends the run after the round in progress, so DAgger stays within 30 minutes"""
 
 PRESETS = {
     "default": ("14 DAgger rounds, 32 camera envs, TCN history encoder, augmentation on", DistillConfig()),
@@ -300,7 +300,7 @@ PRESETS = {
 }  # fmt: skip
 
 BIMANUAL_PRESETS = {
-    "default": ("the two-arm bar lift: 12 DAgger rounds of one 8-s episode at 32 camera envs, a 2-s TCN history "
+    "default": ("the two-arm bar lift: up to 30 DAgger rounds of one 8-s episode at 32 camera envs, a 2-s TCN history "
                 "encoder, the whole proprio group, augmentation on; stops after 28 minutes of DAgger",
                 DistillBimanualConfig()),
     "smoke": ("2 tiny rounds at 2 envs and a tiny student (checks the pipeline)", DistillBimanualConfig(
