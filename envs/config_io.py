@@ -6,6 +6,7 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,3 +96,28 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def with_variant(cfg: T, variant: Mapping[str, Any]) -> T:
+    """`cfg` with a named variant's values (`dotted.field -> value`) in every field still at its class default, so an
+    explicit setting always wins over the variant's."""
+    default, out = type(cfg)(), cfg
+    for key, value in variant.items():
+        if get_dotted(cfg, key) == get_dotted(default, key):
+            out = set_dotted(out, key, value)
+    return out
+
+
+def get_dotted(obj: Any, dotted: str) -> Any:
+    """The field `a.b.c` of a dataclass tree."""
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def set_dotted(obj: Any, dotted: str, value: Any) -> Any:
+    """A copy of a frozen dataclass tree with the field `a.b.c` set to `value`."""
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return dataclasses.replace(obj, **{head: value})
+    return dataclasses.replace(obj, **{head: set_dotted(getattr(obj, head), rest, value)})

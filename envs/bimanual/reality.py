@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from envs.bimanual.config import EffectsConfig
 from envs.bimanual.look import CameraLook
+from envs.config_io import with_variant
 from envs.errors import ConfigError, check_range
 
 PARTS = ("all", "dynamics", "perception", "none")
@@ -129,25 +130,7 @@ class ArmRealityConfig:
 
     def resolved(self) -> ArmRealityConfig:
         """This config with its variant's values in every field still at the default."""
-        default = ArmRealityConfig()
-        out = self
-        for key, value in VARIANTS[self.variant].items():
-            if _get(self, key) == _get(default, key):
-                out = _set(out, key, value)
-        return out
-
-
-def _get(obj: object, dotted: str) -> object:
-    for name in dotted.split("."):
-        obj = getattr(obj, name)
-    return obj
-
-
-def _set(obj: Any, dotted: str, value: object) -> Any:
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        return replace(obj, **{head: value})
-    return replace(obj, **{head: _set(getattr(obj, head), rest, value)})
+        return with_variant(self, VARIANTS[self.variant])
 
 
 def _steps(ms: float, dt: float) -> int:

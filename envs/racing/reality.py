@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Literal
 
+from envs.config_io import with_variant
 from envs.errors import ConfigError, check_range
 from envs.racing.config import EnvConfig
 from envs.racing.effects import EffectsConfig
@@ -121,25 +122,7 @@ class RealityConfig:
 
     def resolved(self) -> RealityConfig:
         """This config with its variant's values in every field still at the default."""
-        default = RealityConfig()
-        out = self
-        for key, value in VARIANTS[self.variant].items():
-            if _get(self, key) == _get(default, key):
-                out = _set(out, key, value)
-        return out
-
-
-def _get(obj: object, dotted: str) -> object:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _set(obj, dotted: str, value: object):
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        return replace(obj, **{head: value})
-    return replace(obj, **{head: _set(getattr(obj, head), rest, value)})
+        return with_variant(self, VARIANTS[self.variant])
 
 
 def flatten(obj: object, prefix: str = "") -> dict[str, object]:
