@@ -36,7 +36,8 @@ def r2_interval(
     counts = torch.zeros(draws, k, dtype=torch.float64).scatter_add_(1, pick, torch.ones(draws, k, dtype=torch.float64))
     s = counts @ sums
     sst = s[:, 2] - s[:, 1].square() / s[:, 0]
-    r2 = (1.0 - s[:, 3] / sst)[sst > 1e-12]
+    # a target without spread (a factor the world holds fixed) leaves only rounding in `sst`: relative threshold
+    r2 = (1.0 - s[:, 3] / sst)[sst > 1e-9 * s[:, 2].abs()]
     if len(r2) == 0:
         return float("nan"), float("nan")
     lo, hi = torch.quantile(r2, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()

@@ -12,6 +12,7 @@ first env.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -172,7 +173,13 @@ def estimation_table(by_time: dict[str, dict[str, float]], task: Task, title: st
     for key, m in by_time.items():
         cells = [f"{m[f'{n}_acc']:.2f}" for n in spec.latencies]
         for name in spec.regressions:
-            ci = m.get(f"{name}_r2_ci")
-            cells.append(f"{m[f'{name}_r2']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
+            cells.append(_r2_cell(m[f"{name}_r2"], m.get(f"{name}_r2_ci")))
         table.add_row(key, *cells)
     return table
+
+
+def _r2_cell(r2: float, ci: tuple[float, float] | None) -> str:
+    """An R^2 with its interval where it has one; `no spread` where the worlds held the factor fixed."""
+    if not math.isfinite(r2):
+        return "no spread"
+    return f"{r2:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and all(map(math.isfinite, ci)) else "")

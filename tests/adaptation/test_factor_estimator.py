@@ -284,6 +284,9 @@ def test_r2_interval_resamples_whole_cars():
     assert lo < many[0] < many[1] < hi and many[1] - many[0] < 0.4 * (hi - lo), "fewer cars, wider interval"
     assert r2_interval(truth, truth, car) == (1.0, 1.0)
     assert all(math.isnan(v) for v in r2_interval(pred, truth, torch.zeros_like(car))), "one car: no interval"
+    # every world holds the factor at one value, up to float32 rounding: that is not a spread
+    fixed = (1.6 + 1.2e-7 * torch.randn(30, generator=gen)).repeat_interleave(50)
+    assert all(math.isnan(v) for v in r2_interval(pred + 1.0, fixed, car)), "no spread: no interval"
     # car 0 resets at its fourth output (a new world); car 1 was under way from the first and never resets
     ids = world_ids(torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0], [0.0, 6.0], [1.0, 7.0]]))
     assert len(set(ids[:3, 0].tolist())) == 1 and len(set(ids[3:, 0].tolist())) == 1 and ids[2, 0] != ids[3, 0]
