@@ -341,8 +341,11 @@ class Distiller:
                 self.log(metrics, self.samples)
                 self.save(self.run_dir / "checkpoints" / f"round_{self.round:03d}.pt")
                 primary = self.task.primary_metric
-                agree = metrics.get("train/agreement", 0)
-                status = f"{primary} {last.get(primary, float('nan')):.0%}  agree {agree:.2f}"
+                status = f"{primary} {last.get(primary, float('nan')):.0%}"
+                if "train/agreement" in metrics:  # a discrete policy's; a continuous one shows its action loss
+                    status += f"  agree {metrics['train/agreement']:.2f}"
+                elif "loss/action" in metrics:
+                    status += f"  action loss {metrics['loss/action']:.4f}"
                 progress.update(task, completed=self.round, status=status)
                 if out_of_time:  # decided before the estimator fit, so a run that stops has its estimator fitted
                     break

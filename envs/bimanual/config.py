@@ -129,6 +129,12 @@ class ObservationConfig:
     """standard deviation of the joint encoder noise (rad)"""
     wrench_noise: float = 0.5
     """standard deviation of the wrench estimate's noise (N, N·m)"""
+    wrench_gain: tuple[float, float] = (0.5, 1.5)
+    """range of the wrench estimate's calibration: a gain per env, arm and axis, drawn at each reset. An estimate from
+    joint torques has no trustworthy scale (it moves with the friction and inertia models, and in simulation with the
+    physics step), so a student must not learn one"""
+    wrench_bias: float = 3.0
+    """standard deviation of the wrench estimate's bias at a reset (N, N·m), which then walks"""
     wrench_bias_walk: float = 0.02
     """per-step standard deviation of the random walk of the wrench estimate's bias (N, N·m)"""
     look: CameraLook = field(default_factory=CameraLook)
@@ -142,6 +148,8 @@ class ObservationConfig:
         check_range("observations.joint_noise", self.joint_noise, 0.0, 0.1)
         check_range("observations.wrench_noise", self.wrench_noise, 0.0, 10.0)
         check_range("observations.wrench_bias_walk", self.wrench_bias_walk, 0.0, 1.0)
+        check_range("observations.wrench_bias", self.wrench_bias, 0.0, 100.0)
+        check_interval("observations.wrench_gain", self.wrench_gain, 0.0, 10.0)
 
 
 @dataclass(frozen=True)

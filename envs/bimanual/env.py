@@ -133,6 +133,7 @@ class BimanualEnv:
         self.episode_length_buf = torch.zeros(n, dtype=torch.long)
         self.episode_reward = torch.zeros(n)
         self.wrench_bias = torch.zeros(n, 2, 6)
+        self.wrench_gain = torch.ones(n, 2, 6)
         self.error_count = 0
         self.images: Tensor | None = None  # (camera latency + 1, N, 1, H, W) ring, newest last
         self._state: dict[str, Tensor] = {}
@@ -198,7 +199,8 @@ class BimanualEnv:
         self.base_offset[ids] += torch.tensor(cfg.effects.base_shift[:2])  # the reality proxy's misregistration
         pos, yaw = self._start_poses(m, g)
         obs = cfg.observations
-        self.wrench_bias[ids] = torch.randn(m, 2, 6, generator=g) * obs.wrench_noise
+        self.wrench_bias[ids] = torch.randn(m, 2, 6, generator=g) * obs.wrench_bias
+        self.wrench_gain[ids] = uniform(obs.wrench_gain, (m, 2, 6), g)
         bs = self.bs
         bs.reset(ids, pos, yaw)
         self._apply_world(ids)
@@ -353,7 +355,7 @@ class BimanualEnv:
         cfg, g = self.cfg.observations, self.generator
         qpos = s["qpos"] + torch.randn(s["qpos"].shape, generator=g) * cfg.joint_noise  # (N, 2, 9)
         noise = torch.randn(self.wrench_bias.shape, generator=g) * cfg.wrench_noise
-        wrench = self.tcp_wrench() + self.wrench_bias + noise
+        wrench = self.tcp_wrench() * self.wrench_gain + self.wrench_bias + noise
         width = s["qpos"][..., -2:].sum(-1)  # (N, 2)
         return torch.cat([self.prev_action, qpos.flatten(1), width * 10.0, wrench.flatten(1) * 0.1], -1)
 
@@ -396,17 +398,16 @@ class BimanualEnv:
             "target_pos": ctrl.target_pos.clone(), "target_yaw": ctrl.target_yaw.clone(),
             "q_offset": ctrl.q_offset.clone(), "generator": self.generator.get_state(), "error_count": self.error_count,
         }  # fmt: skip
-        for name in ("mass", "com_shift", "friction", "gain", "action_latency", "camera_latency", "base_offset",
-                     "prev_action", "streak", "episode_length_buf", "episode_reward", "wrench_bias"):  # fmt: skip
+        for name in (*_PER_ENV, "wrench_gain"):
             out[name] = getattr(self, name).clone()
         if ctrl.delay is not None:
             out["delay_buf"], out["delay_head"] = ctrl.delay.buf.clone(), ctrl.delay.head
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name in ("mass", "com_shift", "friction", "gain", "action_latency", "camera_latency", "base_offset",
-                     "prev_action", "streak", "episode_length_buf", "episode_reward", "wrench_bias"):  # fmt: skip
+        for name in _PER_ENV:
             setattr(self, name, state[name].clone())
+        self.wrench_gain = state.get("wrench_gain", torch.ones_like(self.wrench_bias)).clone()  # older states: exact
         self.generator.set_state(state["generator"])
         self.error_count = int(state["error_count"])
         bs, ctrl, everyone = self.bs, self.ctrl, torch.arange(self.num_envs)
@@ -427,10 +428,15 @@ class BimanualEnv:
         self.bs.close()
 
 
+_PER_ENV = ("mass", "com_shift", "friction", "gain", "action_latency", "camera_latency", "base_offset",
+            "prev_action", "streak", "episode_length_buf", "episode_reward", "wrench_bias")  # fmt: skip
+"""the per-env tensors an env state saves and loads"""
+
+
 def nominal(cfg: BimanualConfig) -> BimanualConfig:
     """`cfg` with every randomized factor at its nominal value (the bar's start pose still drawn)."""
     rnd = replace(
         cfg.randomization, object_mass=(0.2, 0.2), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
         action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
-    return replace(cfg, randomization=rnd)
+    return replace(cfg, randomization=rnd, observations=replace(cfg.observations, wrench_gain=(1.0, 1.0)))

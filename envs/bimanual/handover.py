@@ -176,4 +176,4 @@ def nominal_handover(cfg: HandoverConfig) -> HandoverConfig:
         cfg.randomization, object_mass=(0.15, 0.15), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
         action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
-    return replace(cfg, randomization=rnd)
+    return replace(cfg, randomization=rnd, observations=replace(cfg.observations, wrench_gain=(1.0, 1.0)))

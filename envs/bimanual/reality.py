@@ -157,7 +157,7 @@ def reality_env_config(base: Any, cfg: ArmRealityConfig, part: str = "all") -> A
         gain_scale=(1.0, 1.0), action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
     changes: dict[str, Any] = {"effects": EffectsConfig(), "max_latency": base.max_latency}
-    obs = replace(base.observations, look=CameraLook())
+    obs = replace(base.observations, look=CameraLook(), wrench_gain=(1.0, 1.0))  # the proxy's own estimate
     if part in ("all", "dynamics"):
         decimation = round(base.control_dt / cfg.dt)
         if decimation < 1 or not math.isclose(decimation * cfg.dt, base.control_dt, rel_tol=1e-9, abs_tol=1e-12):

@@ -199,15 +199,18 @@ def test_parts_split_cleanly_and_training_is_untouched(cls):
         assert (cfg.dt, cfg.decimation, cfg.effects) == (base.dt, base.decimation, EffectsConfig())
         middle = tuple(0.5 * sum(rnd.object_mass) for _ in range(2))
         assert cfg.randomization.object_mass == pytest.approx(middle) and cfg.randomization.action_latency == (0, 0)
-    for name in ("dynamics", "none"):  # the training look
-        assert every[name].observations == base.observations and every[name].randomization.camera_latency == (0, 0)
+    for name in ("dynamics", "none"):  # the training look; every part reads its wrench estimate at the true scale
+        obs = every[name].observations
+        assert obs == replace(base.observations, wrench_gain=(1.0, 1.0)) and base.observations.wrench_gain != (1.0, 1.0)
+        assert every[name].randomization.camera_latency == (0, 0)
+    assert all(cfg.observations.wrench_gain == (1.0, 1.0) for cfg in every.values())
     for name in ("all", "perception"):
         obs = every[name].observations
         assert obs.look == reality.look and obs.camera_renderer == "raycast" and obs.look != CameraLook()
     rendered = reality_env_config(base, ArmRealityConfig(variant="rasterized"), "perception")
     assert rendered.observations.camera_renderer == "genesis"
     blind = reality_env_config(cls(), reality, "perception")  # no camera: nothing to perceive
-    assert blind.observations == cls().observations
+    assert blind.observations == replace(cls().observations, wrench_gain=(1.0, 1.0))
 
 
 def test_both_arm_tasks_register_the_proxy():

@@ -96,6 +96,7 @@ def test_bar_tilt_by_hand():
         (lambda: BimanualConfig(variant="juggle"), "env.variant"),
         (lambda: BimanualConfig(bar_length=0.5), "env.bar_length"),
         (lambda: ObservationConfig(camera_res=4), "observations.camera_res"),
+        (lambda: ObservationConfig(wrench_gain=(1.5, 0.5)), "observations.wrench_gain"),
     ],
 )
 def test_out_of_range_settings_are_refused_naming_the_field(make, field):
@@ -118,7 +119,7 @@ def env():
 
 @pytest.mark.genesis
 def test_observation_groups_and_a_masked_reset_touches_only_its_envs(env):
-    from envs.bimanual.env import FACTOR_NAMES
+    from envs.bimanual.env import FACTOR_NAMES, nominal
     from envs.task import get_task
 
     obs = env.get_observations()
@@ -131,8 +132,14 @@ def test_observation_groups_and_a_masked_reset_touches_only_its_envs(env):
     env._reset_idx(torch.tensor([1]))
     after = env.state_dict()
     keep = torch.tensor([0, 2, 3])
-    for name in ("arm_qpos", "object_qpos", "mass", "friction", "gain", "target_pos", "episode_length_buf"):
+    for name in ("arm_qpos", "object_qpos", "mass", "friction", "gain", "target_pos", "episode_length_buf",
+                 "wrench_gain", "wrench_bias"):  # fmt: skip
         assert torch.equal(after[name][keep], before[name][keep]), name
+    assert not torch.equal(after["wrench_gain"][1], before["wrench_gain"][1]), "a reset recalibrates its wrench"
+    lo, hi = env.cfg.observations.wrench_gain
+    assert lo <= float(after["wrench_gain"].min()) and float(after["wrench_gain"].max()) <= hi
+    assert after["wrench_gain"].std() > 0.1 * (hi - lo), "a gain per env, arm and axis"
+    assert nominal(env.cfg).observations.wrench_gain == (1.0, 1.0)
     assert after["episode_length_buf"][1] == 0 and not torch.equal(after["arm_qpos"][1], before["arm_qpos"][1])
     assert torch.allclose(env.bs.object_mass(), env.mass, atol=1e-6)
 
