@@ -102,8 +102,8 @@ def test_a_raising_deepracer_reward_function_exits_2_with_one_line(tmp_path):
     assert "params keys: all_wheels_on_track," in line
 
 
-def test_demo_smoke_runs_every_stage(tmp_path):
-    proc = run("experiments.demo", "smoke", "--out-dir", str(tmp_path), timeout=900)
+def test_demo_smoke_runs_every_stage(demo_smoke):
+    proc, tmp_path = demo_smoke
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"teacher", "student", "export", "deployment_loop", "transfer"} <= set(summary)

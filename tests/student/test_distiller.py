@@ -104,35 +104,33 @@ def test_teacher_with_another_action_space_is_refused(teacher_path, tmp_path):
                   AugmentConfig(), EVAL, tmp_path)  # fmt: skip
 
 
-def test_distill_smoke_subprocess(teacher_path, tmp_path):
+def test_distill_smoke_subprocess(demo_smoke, tmp_path):
+    """`distill_student smoke` and its transfer report (`select_checkpoint smoke`), as the demo's stages 3 and 6 ran
+    them in their own processes; then the report's reruns."""
     import os
+    import shutil
     import subprocess
     import sys
 
+    demo, out = demo_smoke
+    assert demo.returncode == 0, demo.stderr[-3000:]
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(root)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.distill_student", "smoke", "--teacher", str(teacher_path),
-         "--run-dir", str(tmp_path / "s")],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "s" / "eval.json").read_text())
-    assert summary["rounds"] == 2 and (tmp_path / "s" / "student_camera.png").is_file()
-    assert "heldout/loop_latency_r2" in summary["estimator_fit"] and "factor estimator on held-out" in proc.stdout
-    # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect), in a subprocess.
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
-        cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "s" / "transfer" / "transfer.json").read_text())
+    summary = json.loads((out / "student" / "eval.json").read_text())
+    assert summary["rounds"] == 2 and (out / "student" / "student_camera.png").is_file()
+    assert "heldout/loop_latency_r2" in summary["estimator_fit"] and "factor estimator on held-out" in demo.stdout
+    # The run's transfer report (tiny: bicycle/projective proxy with every unmodeled effect).
+    report = json.loads((out / "transfer" / "transfer.json").read_text())
     assert len(report["checkpoints"]) == 2 and set(report["picks"]) == {"consecutive-good", "last", "best-single"}
     assert set(report["gap"]) >= {"none", "dynamics", "perception", "all", "gap"}
     assert len(report["spearman_robust_vs_proxy_ci"]) == 2 and len(report["checkpoints"][0]["proxy_episodes"]) == 2
     assert set(report["spearman_by_robust_summary"]) == set(ROBUST_SUMMARIES)
-    md = (tmp_path / "s" / "transfer" / "transfer.md").read_text()
+    md = (out / "transfer" / "transfer.md").read_text()
     assert "worst direction's progress" in md and "reproducibility of the ranking" not in md  # 2 checkpoints: nan
+    # The reruns below write their report here, from the demo's scores (kept by checkpoint path) and student.
+    (tmp_path / "s" / "transfer").mkdir(parents=True)
+    shutil.copy(out / "transfer" / "scores.json", tmp_path / "s" / "transfer" / "scores.json")
+    rerun = ["--run-dir", str(out / "student"), "--out-dir", str(tmp_path / "s" / "transfer")]
     # The same report with the sim-to-sim score (as `--sim2sim --select-by both` writes it) names it and its column.
     from student.transfer_report import write_report
 
@@ -145,7 +143,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert "the rules below pick by the `both` score" in md and "can reach about 0.720" in md
     # Run again: every checkpoint's scores come back from scores.json, and the report is the same.
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", *rerun],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.count("scored before") == 2, proc.stdout[-2000:]
@@ -153,8 +151,8 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert [r["proxy"]["score"] for r in again["checkpoints"]] == [r["proxy"]["score"] for r in report["checkpoints"]]
     # More robust episodes: only the robust evaluation is scored again; the fixed lap and the proxy laps are kept.
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", "--run-dir", str(tmp_path / "s"),
-         "--robust.repeats", "2", "--no-decompose"],
+        [sys.executable, "-m", "experiments.select_checkpoint", "smoke", *rerun, "--robust.repeats", "2",
+         "--no-decompose"],
         cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.count("(kept 2 scores)") == 2, proc.stdout[-2000:]
@@ -164,7 +162,7 @@ def test_distill_smoke_subprocess(teacher_path, tmp_path):
     assert 0.0 <= report["agreement"]["agreement"] <= 1.0 and report["agreement"]["steps"] > 0
     assert (tmp_path / "s" / "transfer" / "transfer_scatter.png").stat().st_size > 5_000
     # A tiny robust evaluation in the sim and the proxy.
-    student = sorted((tmp_path / "s" / "checkpoints").glob("*.pt"))[-1]
+    student = sorted((out / "student" / "checkpoints").glob("*.pt"))[-1]
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "smoke", "--checkpoint", str(student), "--world", "both",
          "--action-noise", "0.1", "--reality.physics", "bicycle", "--reality.camera", "projective",
