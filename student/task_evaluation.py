@@ -76,8 +76,9 @@ def score_by_factor(
 
 class EpisodeWatch:
     """A policy's `act` for `Task.run_episodes` that also records: each env's world at its first step, the student's
-    estimate heads (`policy.last_heads`, when it has any) beside the task's ground truth and the time since reset at
-    every step, and the first `frames` camera frames of env 0."""
+    estimate heads (`policy.last_heads`, when it has any) beside the task's ground truth, the time since reset and,
+    for an env that counts it (`held_steps`: the arm tasks' consecutive steps with the object held), the time the
+    object has been held at every step, and the first `frames` camera frames of env 0."""
 
     def __init__(self, task: Task, env: Any, policy: Any, frames: int = 0) -> None:
         self.task, self.env, self.policy, self.frames_wanted = task, env, policy, frames
@@ -92,11 +93,13 @@ class EpisodeWatch:
         if len(self.frames) < self.frames_wanted and "camera" in obs.keys():
             self.frames.append(obs["camera"][0].cpu().numpy())
         since = self.env.episode_length_buf.detach().cpu().float() / self.hz
+        held = getattr(self.env, "held_steps", None)
         targets = self.task.estimate_targets(self.env).detach().cpu()
         action = self.policy.act(obs)
         heads = getattr(self.policy, "last_heads", None) or {}
         if heads:
-            self.rows.append(({k: v.detach().float().cpu() for k, v in heads.items()}, targets, since))
+            held_s = None if held is None else held.detach().cpu().float() / self.hz
+            self.rows.append(({k: v.detach().float().cpu() for k, v in heads.items()}, targets, since, held_s))
         return action
 
     def reset(self, dones: Tensor) -> None:
@@ -116,26 +119,37 @@ class EpisodeWatch:
         return estimation_by_time(self.task, self.rows, dt, max(1, round(1.0 / (self.hz * dt))))
 
 
+HELD_SECONDS = 1.5
+"""an arm task's estimates are also scored on the steps after the object has been held this long"""
+
+
 def estimation_by_time(
-    task: Task, rows: list[tuple[dict[str, Tensor], Tensor, Tensor]], dt_physics: float, frame_substeps: int
+    task: Task, rows: list[tuple], dt_physics: float, frame_substeps: int
 ) -> dict[str, dict[str, float]]:
     """Per time-since-reset bin (and `after 2s`, every output from two seconds on): `estimate_metrics` of the task's
-    estimates over the recorded steps `(heads, targets (N, K), seconds since reset (N,))`, with each per-episode
-    factor's R^2 interval over the worlds driven (`{name}_r2_ci`)."""
+    estimates over the recorded steps `(heads, targets (N, K), seconds since reset (N,)[, seconds held (N,)])`, with
+    each per-episode factor's R^2 interval over the worlds driven (`{name}_r2_ci`). Where the rows hold the time the
+    object has been held, also `held 0-1.5s` and `held ≥1.5s`: every output while it is held, split at `HELD_SECONDS`
+    (a mass or centre of mass shows only once it hangs from the grippers)."""
     heads = {k: torch.cat([r[0][k] for r in rows]) for k in rows[0][0]}
     targets = torch.cat([r[1] for r in rows])
     since = torch.cat([r[2] for r in rows])
+    held = torch.cat([r[3] for r in rows]) if len(rows[0]) > 3 and rows[0][3] is not None else None
     world = world_ids(since.view(len(rows), -1)).flatten()
     spec = task.estimates
     estimated = spec.denormalize(heads["estimates"]) if spec.regressions else {}
     out: dict[str, dict[str, float]] = {}
-    spans = [*itertools.pairwise(TIME_BINS), (AFTER_SECONDS, TIME_BINS[-1])]
-    for lo, hi in spans:
-        sel = (since >= lo) & (since < hi)
-        if int(sel.sum()) < 20:
-            continue
+    spans: list[tuple[str, Tensor]] = []
+    for lo, hi in [*itertools.pairwise(TIME_BINS), (AFTER_SECONDS, TIME_BINS[-1])]:
         key = f"{lo:g}-{hi:g}s" if hi < 1e8 else f">{lo:g}s"
         key = "after 2s" if (lo, hi) == (AFTER_SECONDS, TIME_BINS[-1]) else key
+        spans.append((key, (since >= lo) & (since < hi)))
+    if held is not None:
+        spans += [(f"held 0-{HELD_SECONDS:g}s", (held > 0) & (held < HELD_SECONDS)),
+                  (f"held ≥{HELD_SECONDS:g}s", held >= HELD_SECONDS)]  # fmt: skip
+    for key, sel in spans:
+        if int(sel.sum()) < 20:
+            continue
         metrics: dict[str, Any] = estimate_metrics(
             {k: v[sel] for k, v in heads.items()}, targets[sel], dt_physics, frame_substeps, spec
         )
@@ -161,17 +175,19 @@ def factor_table(by_factor: dict[str, list[dict[str, float]]], metric: str, titl
 
 
 def estimation_table(by_time: dict[str, dict[str, float]], task: Task, title: str) -> Table:
-    """The estimates' quality per time since reset: each latency's exact-class accuracy, each regression's R^2 (a
-    per-episode factor's with its interval over the worlds driven)."""
+    """The estimates' quality per time since reset (and time held, where recorded): each latency's exact-class accuracy
+    and the R^2 of its expected value, each regression's R^2 (a per-episode factor's with its interval over the worlds
+    driven)."""
     spec = task.estimates
     table = Table(title=title)
     table.add_column("since reset")
     for name in spec.latencies:
         table.add_column(f"{name} acc")
+        table.add_column(f"{name} R²")
     for name in spec.regressions:
         table.add_column(f"{name} R²")
     for key, m in by_time.items():
-        cells = [f"{m[f'{n}_acc']:.2f}" for n in spec.latencies]
+        cells = [cell for n in spec.latencies for cell in (f"{m[f'{n}_acc']:.2f}", _r2_cell(m[f"{n}_r2"], None))]
         for name in spec.regressions:
             cells.append(_r2_cell(m[f"{name}_r2"], m.get(f"{name}_r2_ci")))
         table.add_row(key, *cells)

@@ -134,6 +134,7 @@ class BimanualEnv:
         self.episode_reward = torch.zeros(n)
         self.wrench_bias = torch.zeros(n, 2, 6)
         self.wrench_gain = torch.ones(n, 2, 6)
+        self.held_steps = torch.zeros(n, dtype=torch.long)  # consecutive control steps the object has been held
         self.error_count = 0
         self.images: Tensor | None = None  # (camera latency + 1, N, 1, H, W) ring, newest last
         self._state: dict[str, Tensor] = {}
@@ -174,6 +175,10 @@ class BimanualEnv:
         s["end_height"] = bar_ends(pos, quat, half)[..., 2]
         s["grasp"] = bar_ends(pos, quat, half - GRASP_MARGIN)
 
+    def _holding(self, s: dict[str, Tensor]) -> Tensor:
+        """`(N,)` bool: the object is held (here: both fingers of each gripper on the bar), for `held_steps`."""
+        return s["finger_touch"].all(-1).all(-1)
+
     def _conditions(self, s: dict[str, Tensor]) -> Tensor:
         """`(N,)` bool: this step meets the success conditions."""
         return lift_conditions(s["height"], s["tilt"], s["finger_touch"], s["other_touch"], self.window)
@@ -209,6 +214,7 @@ class BimanualEnv:
             self.ctrl.delay.set_delay(self.action_latency[ids], ids)
         self.prev_action[ids] = 0.0
         self.streak[ids] = 0
+        self.held_steps[ids] = 0
         self.episode_length_buf[ids] = 0
         self.episode_reward[ids] = 0.0
 
@@ -239,6 +245,7 @@ class BimanualEnv:
         error = self._error_envs(state)
         ok = self._conditions(state)
         self.streak = update_streak(self.streak, ok & ~error)
+        self.held_steps = torch.where(self._holding(state) & ~error, self.held_steps + 1, 0)
         success = streak_success(self.streak, self.hold_steps) & ~error
         rewards = torch.where(error, torch.zeros(()), self._reward(state, a, ok, success))
         self.episode_reward += rewards
@@ -398,7 +405,7 @@ class BimanualEnv:
             "target_pos": ctrl.target_pos.clone(), "target_yaw": ctrl.target_yaw.clone(),
             "q_offset": ctrl.q_offset.clone(), "generator": self.generator.get_state(), "error_count": self.error_count,
         }  # fmt: skip
-        for name in (*_PER_ENV, "wrench_gain"):
+        for name in (*_PER_ENV, *_ADDED):
             out[name] = getattr(self, name).clone()
         if ctrl.delay is not None:
             out["delay_buf"], out["delay_head"] = ctrl.delay.buf.clone(), ctrl.delay.head
@@ -407,7 +414,8 @@ class BimanualEnv:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name in _PER_ENV:
             setattr(self, name, state[name].clone())
-        self.wrench_gain = state.get("wrench_gain", torch.ones_like(self.wrench_bias)).clone()  # older states: exact
+        for name, default in _ADDED.items():  # a state saved before the field existed: its neutral value
+            setattr(self, name, state[name].clone() if name in state else default(self))
         self.generator.set_state(state["generator"])
         self.error_count = int(state["error_count"])
         bs, ctrl, everyone = self.bs, self.ctrl, torch.arange(self.num_envs)
@@ -431,6 +439,11 @@ class BimanualEnv:
 _PER_ENV = ("mass", "com_shift", "friction", "gain", "action_latency", "camera_latency", "base_offset",
             "prev_action", "streak", "episode_length_buf", "episode_reward", "wrench_bias")  # fmt: skip
 """the per-env tensors an env state saves and loads"""
+_ADDED = {
+    "wrench_gain": lambda env: torch.ones_like(env.wrench_bias),
+    "held_steps": lambda env: torch.zeros_like(env.streak),
+}
+"""per-env tensors added since the first saved states, each with the value an older state loads with"""
 
 
 def nominal(cfg: BimanualConfig) -> BimanualConfig:

@@ -156,6 +156,10 @@ class HandoverEnv(BimanualEnv):
         link = s["contact_link"]
         s["other_touch"] = ((link >= 0) & ~torch.isin(link, holding)).any(1)
 
+    def _holding(self, s: dict[str, Tensor]) -> Tensor:
+        """`(N,)` bool: a gripper (the giver's or the receiver's) holds the cube with both fingers."""
+        return s["finger_touch"].all(-1).any(-1)
+
     def _conditions(self, s: dict[str, Tensor]) -> Tensor:
         return handover_conditions(
             s["object_pose"][:, :3], s["finger_touch"], s["giver_open"], s["other_touch"], self.cfg.goal

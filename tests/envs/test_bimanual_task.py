@@ -172,13 +172,22 @@ def test_the_scripted_expert_lifts_the_bar_at_nominal_settings(env):
 
     original = env.cfg
     env.cfg = nominal(original)  # the same scene (one per session), every factor nominal from the next reset on
+    expert, most_held = ScriptedExpert(env), torch.zeros(N, dtype=torch.long)
+
+    def act(obs):
+        most_held.copy_(torch.maximum(most_held, env.held_steps))
+        return expert(obs)
+
     try:
-        records = run_episodes(ScriptedExpert(env), env, BimanualEvalConfig(episodes=N, seed=11))
+        records = run_episodes(act, env, BimanualEvalConfig(episodes=N, seed=11))
     finally:
         env.cfg = original
     metrics = summarize(records)
     assert metrics["success"] == 1.0, records
     assert metrics["error_episodes"] == 0.0
+    # a success holds the bar in all four fingers for its last second: the holding clock saw (nearly) all of it
+    assert bool((most_held >= env.hold_steps - 1).all()), (most_held, env.hold_steps)
+    assert bool((env.held_steps == 0).all()), "every env was reset at its success: its clock restarts"
 
 
 @pytest.mark.genesis

