@@ -84,6 +84,11 @@ class DaggerConfig:
     """in-memory block cache of the dataset reader"""
     max_minutes: float = 0.0
     """stop after this much wall time (0 = none); the round in progress finishes first"""
+    ema_decay: float = 0.0
+    """with a value above 0, the student that drives, is evaluated, saved (`model`) and exported is the exponential
+    moving average of the trained weights, updated after every gradient step with this decay (0.999: an average
+    over about the last 1,000 steps); it smooths out the step-to-step noise of small-batch training, which a policy
+    that must place a gripper to a centimetre feels. 0 = the trained weights themselves"""
     bf16: Literal["auto", "on", "off"] = "auto"
     """bfloat16 autocast for training (auto: on CPUs with native bf16, where it is faster; weights stay float32)"""
     seed: int = 0
@@ -103,6 +108,7 @@ class DaggerConfig:
         check_range("dagger.cnn_grad_stride", self.cnn_grad_stride, 1, 10_000)
         check_range("dagger.speed_weight", self.speed_weight, 0.0, 1000.0)
         check_range("dagger.privileged_weight", self.privileged_weight, 0.0, 100.0)
+        check_range("dagger.ema_decay", self.ema_decay, 0.0, 0.99999)
 
 
 def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from adaptation.estimator_fit import episode_inputs, fit_estimator
 from datasets.checkpoints import CheckpointError, git_sha, load_checkpoint, rng_state, save_atomic, set_rng_state
@@ -157,7 +158,12 @@ class Distiller:
         self.model.adopt_teacher(teacher)
         broadcast_parameters(self.model, rank)
         self.optimizer = torch.optim.Adam(self.model.trainable_parameters(), lr=dagger_cfg.learning_rate)
-        self.policy = StudentPolicy(self.model, self.env.num_envs, self.device)
+        self.ema = (
+            AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(dagger_cfg.ema_decay))
+            if dagger_cfg.ema_decay > 0
+            else None
+        )  # its buffers (the privileged head's normalization, set above) are copied once and never change
+        self.policy = StudentPolicy(self.student, self.env.num_envs, self.device)
         self.eval_env = (
             self.task.make_eval_env(self.task.student_env_config(env_cfg, env_cfg.num_envs, None), eval_cfg)
             if rank.is_main
@@ -179,6 +185,12 @@ class Distiller:
         self.aug_generator = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.mix_generator = torch.Generator().manual_seed(seed + 2)
         self.np_rng = np.random.default_rng(seed + 3)
+
+    @property
+    def student(self) -> StudentModel:
+        """The student that drives, is evaluated, saved as the checkpoint's `model` and exported: the trained weights'
+        moving average with `--dagger.ema-decay`, else the trained weights themselves (`model`)."""
+        return self.model if self.ema is None else self.ema.module
 
     # --------------------------------------------------------------------------------------------- collect
     @torch.no_grad()
@@ -275,6 +287,8 @@ class Distiller:
                     lambda x: augment(x, self.augment_cfg, self.aug_generator, compiled=True),
                     sync_gradients=sync,
                 )  # fmt: skip
+                if self.ema is not None:
+                    self.ema.update_parameters(self.model)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
         finally:
@@ -285,26 +299,26 @@ class Distiller:
 
     def fit_estimator(self) -> dict[str, float]:
         """The factor estimator fitted alone on every recorded episode (after the last round's training)."""
-        if self.model.estimator is None or self.cfg.estimator_fit_steps == 0:
+        if self.student.estimator is None or self.cfg.estimator_fit_steps == 0:
             return {}
         cfg = self.cfg
-        self.model.cpu()  # the replay and the fit read the shards on the CPU (the estimator is small)
+        self.student.cpu()  # the replay and the fit read the shards on the CPU (the estimator is small)
         try:
-            data = episode_inputs(self.model, self.data_dir, bf16=use_bf16(cfg))
+            data = episode_inputs(self.student, self.data_dir, bf16=use_bf16(cfg))
             self.estimator_fit = fit_estimator(
-                self.model.estimator,
+                self.student.estimator,
                 data,
                 self.task.dt_physics(self.env_cfg),
                 steps=cfg.estimator_fit_steps,
                 seed=cfg.seed,
             )
         finally:
-            self.model.to(self.device)
+            self.student.to(self.device)
         return {f"estimator_fit/{k}": v for k, v in self.estimator_fit.items()}
 
     # --------------------------------------------------------------------------------------------- evaluate
     def evaluate(self) -> dict[str, float]:
-        policy = StudentPolicy(self.model, self.eval_env.num_envs, self.device)
+        policy = StudentPolicy(self.student, self.eval_env.num_envs, self.device)
         return self.task.evaluate(policy.act, self.eval_env, self.eval_cfg, reset=policy.reset)
 
     # ---------------------------------------------------------------------------------------------- loop
@@ -378,7 +392,7 @@ class Distiller:
             "episodes": self.episodes,
             "samples": self.samples,
             "wall_minutes": self.wall_minutes,
-            "model": self.model.state_dict(),
+            "model": self.student.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_state(),
             "generators": {
@@ -400,6 +414,9 @@ class Distiller:
             "git_sha": git_sha(),
             "world_size": self.rank.world_size,
         }
+        if self.ema is not None:  # the weights being trained, and how many steps the average holds
+            payload["trained_model"] = self.model.state_dict()
+            payload["ema_steps"] = int(self.ema.n_averaged)
         if ranks is not None:
             payload["ranks"] = ranks
         return payload
@@ -424,7 +441,10 @@ class Distiller:
                 )
         check_world(int(data.get("world_size", 1)), self.rank, str(path))
         own = data["ranks"][self.rank.rank] if self.rank.distributed else data
-        self.model.load_state_dict(data["model"])
+        self.model.load_state_dict(data.get("trained_model", data["model"]))
+        if self.ema is not None:
+            self.ema.module.load_state_dict(data["model"])
+            self.ema.n_averaged.fill_(int(data.get("ema_steps", 0)))
         self.optimizer.load_state_dict(data["optimizer"])
         set_rng_state(own["rng"])
         self.aug_generator.set_state(own["generators"]["augment"])

@@ -29,7 +29,8 @@ from tests.student.tiny import DAGGER, ENV, EVAL, STUDENT, distiller
 
 
 def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path, tmp_path):
-    aux = replace(DAGGER, privileged_weight=0.5)  # with the privileged head: its weights and targets resume too
+    # with the privileged head (its weights and targets resume too) and the weights' moving average (it too)
+    aux = replace(DAGGER, privileged_weight=0.5, ema_decay=0.9)
     full = distiller(teacher_path, tmp_path / "full", dagger=aux)
     logged = []
     full.log = lambda metrics, step: logged.append(metrics)
@@ -53,6 +54,12 @@ def test_resume_after_a_killed_round_matches_the_uninterrupted_run(teacher_path,
     resumed.run(show_progress=False)
     a, b = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a), "bit-exact continuation"
+    a, b = full.student.state_dict(), resumed.student.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), "the average too"
+    trained = full.model.state_dict()
+    assert any(not torch.equal(a[k], trained[k]) for k in a), "the student is the average, not the last step"
+    saved = load_student(tmp_path / "full" / "checkpoints" / f"round_{full.round:03d}.pt").model.state_dict()
+    assert all(torch.equal(a[k], saved[k]) for k in a), "the checkpoint's student (what is exported) is the average"
     assert json.dumps(full.history) == json.dumps(resumed.history)
     shards = [s["file"] for s in read_manifest(tmp_path / "part" / "data")["shards"]]
     assert shards == ["round_000.h5", "round_001.h5"]
