@@ -310,7 +310,7 @@ BIMANUAL_PRESETS = {
         student=replace(BIMANUAL_STUDENT, encoder=EncoderConfig(channels=(8, 8, 8), embed_dim=16),
                         history=HistoryConfig(kind="tcn", channels=16, kernel=3, dilations=(1, 2), input_dim=8)),
         dagger=DaggerConfig(rounds=2, envs=2, steps_per_round=10, train_steps=2, batch_windows=2, labels_per_window=4,
-                            estimator_fit_steps=0, bf16="off"),
+                            estimator_fit_steps=0, bf16="off", ema_decay=0.9, privileged_weight=0.5),
         eval=BimanualEvalConfig(episodes=2),
         final_eval=BimanualEvalConfig(episodes=2),
         wandb=WandbConfig(mode="disabled"),
