@@ -7,10 +7,10 @@ field. The defaults are the ranges in which the scripted grasp holds the bar.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from envs.bimanual.look import CameraLook
+from envs.bimanual.look import TRAINING_JITTER, CameraLook, LookJitter
 from envs.errors import ConfigError, check_interval, check_range
 from envs.genesis_import import GenesisConfig
 
@@ -140,6 +140,9 @@ class ObservationConfig:
     look: CameraLook = field(default_factory=CameraLook)
     """how the camera sees the cell: its true pose, light, table, clutter, lens, sensor noise (training's look by
     default)"""
+    look_jitter: LookJitter = field(default_factory=lambda: TRAINING_JITTER)
+    """the render's domain randomization: looks drawn around `look` per env group at every full reset of the env
+    (the ray caster only; `LookJitter()` turns it off)"""
 
     def __post_init__(self) -> None:
         check_range("observations.camera_res", self.camera_res, 16, 512)
@@ -150,6 +153,12 @@ class ObservationConfig:
         check_range("observations.wrench_bias_walk", self.wrench_bias_walk, 0.0, 1.0)
         check_range("observations.wrench_bias", self.wrench_bias, 0.0, 100.0)
         check_interval("observations.wrench_gain", self.wrench_gain, 0.0, 10.0)
+
+
+def exact_sensors(obs: ObservationConfig) -> ObservationConfig:
+    """`obs` with the readings' calibration exact and the training look fixed (no `look_jitter`): a nominal world's,
+    and the reality proxy's own."""
+    return replace(obs, wrench_gain=(1.0, 1.0), look_jitter=LookJitter())
 
 
 @dataclass(frozen=True)

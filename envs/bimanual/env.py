@@ -32,7 +32,7 @@ from einops import rearrange
 from tensordict import TensorDict
 from torch import Tensor
 
-from envs.bimanual.config import BAR_LENGTHS, BimanualConfig
+from envs.bimanual.config import BAR_LENGTHS, BimanualConfig, exact_sensors
 from envs.bimanual.control import BimanualController, ControlConfig, quat_rotate
 from envs.bimanual.observations import read_state
 from envs.bimanual.scene import ARM_KP, ARM_KV, SceneConfig, build_scene
@@ -90,7 +90,8 @@ def scene_config(cfg, object_kind: str, object_size: tuple[float, float, float])
         num_envs=cfg.num_envs, object_kind=object_kind, object_size=object_size,
         object_mass=sum(rnd.object_mass) / 2, friction=sum(rnd.friction) / 2, dt=cfg.dt, decimation=cfg.decimation,
         batch_dofs_info=True, camera=obs.camera, camera_res=obs.camera_res, camera_renderer=obs.camera_renderer,
-        look=obs.look, contact_timeconst=cfg.effects.contact_timeconst, arm_base_shift=cfg.effects.base_shift,
+        look=obs.look, look_jitter=obs.look_jitter, contact_timeconst=cfg.effects.contact_timeconst,
+        arm_base_shift=cfg.effects.base_shift,
         wrist_torque_scale=cfg.effects.wrist_torque_scale, genesis=cfg.genesis,
     )  # fmt: skip
 
@@ -186,6 +187,7 @@ class BimanualEnv:
     # ------------------------------------------------------------------------------------------------ reset
     def reset(self) -> tuple[TensorDict, dict]:
         self._reset_idx(torch.arange(self.num_envs))
+        self.bs.redraw_looks(self.generator)  # a camera student's looks, drawn anew at every full reset
         self._state = {}  # read afresh, camera ring refilled
         return self.get_observations(), {}
 
@@ -452,4 +454,4 @@ def nominal(cfg: BimanualConfig) -> BimanualConfig:
         cfg.randomization, object_mass=(0.2, 0.2), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
         action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
-    return replace(cfg, randomization=rnd, observations=replace(cfg.observations, wrench_gain=(1.0, 1.0)))
+    return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from envs.bimanual.config import EffectsConfig, ObservationConfig, RandomizationConfig, check_latency_buffer
+from envs.bimanual.config import (
+    EffectsConfig,
+    ObservationConfig,
+    RandomizationConfig,
+    check_latency_buffer,
+    exact_sensors,
+)
 from envs.bimanual.env import FACTOR_BOUNDS, REACH_SCALE, BimanualEnv, scene_config, uniform
 from envs.bimanual.handover_success import GIVER, RECEIVER, HandoverGoal, handover_conditions, handover_terms
 from envs.bimanual.scene import SceneConfig
@@ -180,4 +186,4 @@ def nominal_handover(cfg: HandoverConfig) -> HandoverConfig:
         cfg.randomization, object_mass=(0.15, 0.15), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
         action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
-    return replace(cfg, randomization=rnd, observations=replace(cfg.observations, wrench_gain=(1.0, 1.0)))
+    return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))

@@ -94,6 +94,88 @@ class CameraLook:
         return DIFFUSE * self.light_intensity
 
 
+@dataclass(frozen=True)
+class LookJitter:
+    """Ranges a camera student's training look is drawn from (domain randomization of the render): the envs fall into
+    `groups` (env i in group i mod groups), and at every full reset each group draws its own look around the base
+    look; all zero (the default), the base look stays. Render-only: the task and its physics never see it."""
+
+    camera_shift: float = 0.0
+    """largest shift of the camera along each world axis (m)"""
+    camera_rotation_deg: float = 0.0
+    """largest turn of the camera about each of its axes (degrees)"""
+    light_xy: float = 0.0
+    """largest change of the light direction's x and y (its z stays)"""
+    light_intensity: tuple[float, float] = (1.0, 1.0)
+    """range of the light's strength relative to training's"""
+    ambient: tuple[float, float] = (AMBIENT, AMBIENT)
+    """range of the ambient light"""
+    table_color: float = 0.0
+    """largest change of each channel of the table's colour"""
+    table_texture: float = 0.0
+    """largest contrast of the table's grain"""
+    background: float = 0.0
+    """largest change of the grey beyond the table"""
+    clutter: int = 0
+    """most static boxes of clutter (each look draws 0 to this many, at its own places)"""
+    groups: int = 4
+    """looks drawn at a full reset (envs share them round-robin)"""
+
+    def __post_init__(self) -> None:
+        check_range("look_jitter.camera_shift", self.camera_shift, 0.0, 0.1)
+        check_range("look_jitter.camera_rotation_deg", self.camera_rotation_deg, 0.0, 10.0)
+        check_range("look_jitter.light_xy", self.light_xy, 0.0, 2.0)
+        for name in ("light_intensity", "ambient"):
+            lo, hi = getattr(self, name)
+            if not 0.0 <= lo <= hi <= (3.0 if name == "light_intensity" else 1.0):
+                raise ConfigError(f"look_jitter.{name}={(lo, hi)!r}: need 0 <= low <= high (<= 3 and <= 1)")
+        check_range("look_jitter.table_color", self.table_color, 0.0, 0.5)
+        check_range("look_jitter.table_texture", self.table_texture, 0.0, 0.8)
+        check_range("look_jitter.background", self.background, 0.0, 0.5)
+        check_range("look_jitter.clutter", self.clutter, 0, 16)
+        check_range("look_jitter.groups", self.groups, 1, 64)
+
+    @property
+    def active(self) -> bool:
+        return self != LookJitter(groups=self.groups)
+
+    def draw(self, base: CameraLook, generator: torch.Generator) -> CameraLook:
+        """One look drawn around `base` from `generator`."""
+        u = torch.rand(20, generator=generator, dtype=torch.float64).tolist()
+        sym = lambda x, k: (2.0 * u[k] - 1.0) * x  # noqa: E731
+        span = lambda r, k: r[0] + (r[1] - r[0]) * u[k]  # noqa: E731
+        return CameraLook(
+            camera_shift=tuple(v + sym(self.camera_shift, i) for i, v in enumerate(base.camera_shift)),
+            camera_rotation_deg=tuple(v + sym(self.camera_rotation_deg, 3 + i)
+                                      for i, v in enumerate(base.camera_rotation_deg)),
+            light=(base.light[0] + sym(self.light_xy, 6), base.light[1] + sym(self.light_xy, 7), base.light[2]),
+            light_intensity=base.light_intensity * span(self.light_intensity, 8),
+            ambient=span(self.ambient, 9) if self.ambient != (AMBIENT, AMBIENT) else base.ambient,
+            table_color=tuple(min(1.0, max(0.0, v + sym(self.table_color, 10 + i)))
+                              for i, v in enumerate(base.table_color)),
+            table_texture=max(base.table_texture, self.table_texture * u[13]),
+            background=min(1.0, max(0.0, base.background + sym(self.background, 14))),
+            clutter=max(base.clutter, int(u[15] * (self.clutter + 1))) if self.clutter else base.clutter,
+            clutter_seed=int(u[16] * 2**31) if self.clutter else base.clutter_seed,
+            distortion=base.distortion, noise=base.noise,
+        )  # fmt: skip
+
+
+TRAINING_JITTER = LookJitter(
+    camera_shift=0.02,
+    camera_rotation_deg=1.5,
+    light_xy=0.3,
+    light_intensity=(0.75, 1.3),
+    ambient=(0.25, 0.45),
+    table_color=0.08,
+    table_texture=0.2,
+    background=0.12,
+    clutter=5,
+)
+"""the look a camera student trains under: the camera a couple of centimetres and degrees off, the light's direction
+and strength, the table and the background, and some clutter"""
+
+
 def camera_rotation(rotation_deg: tuple[float, float, float]) -> Tensor:
     """`(3, 3)` float64 rotation of camera-frame vectors (x right, y up, z backward) by pan about y, tilt about x and
     roll about z (degrees), applied in that order; exactly the identity for zero angles."""

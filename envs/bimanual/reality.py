@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from envs.bimanual.config import EffectsConfig
+from envs.bimanual.config import EffectsConfig, exact_sensors
 from envs.bimanual.look import CameraLook
 from envs.config_io import with_variant
 from envs.errors import ConfigError, check_range
@@ -157,7 +157,7 @@ def reality_env_config(base: Any, cfg: ArmRealityConfig, part: str = "all") -> A
         gain_scale=(1.0, 1.0), action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
     changes: dict[str, Any] = {"effects": EffectsConfig(), "max_latency": base.max_latency}
-    obs = replace(base.observations, look=CameraLook(), wrench_gain=(1.0, 1.0))  # the proxy's own estimate
+    obs = replace(exact_sensors(base.observations), look=CameraLook())  # its own look (one) and wrench estimate
     if part in ("all", "dynamics"):
         decimation = round(base.control_dt / cfg.dt)
         if decimation < 1 or not math.isclose(decimation * cfg.dt, base.control_dt, rel_tol=1e-9, abs_tol=1e-12):

@@ -35,6 +35,7 @@ from envs.bimanual.look import (
     LIGHT,
     OBJECT_COLOR,
     CameraLook,
+    LookJitter,
     camera_pose,
     clutter_boxes,
     distort,
@@ -97,6 +98,9 @@ class SceneConfig:
     Genesis' rasterizer of the arms' visual meshes (a detailed look, one env after another)"""
     look: CameraLook = field(default_factory=CameraLook)
     """how the camera sees the cell (training's look by default)"""
+    look_jitter: LookJitter = field(default_factory=LookJitter)
+    """looks drawn around `look` per env group at each full reset (`redraw_looks`; the ray caster only); off by
+    default"""
     contact_timeconst: float = 0.0
     """time constant of every contact's response (s); 0: Genesis' default"""
     arm_base_shift: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -163,6 +167,8 @@ class BimanualScene:
     """(3,) the object's centre of mass in its link frame as built"""
     lens: Tensor | None = field(default=None, repr=False)
     """the look's lens sampling grid (None: a pinhole)"""
+    looks: list[RaycastCamera] = field(default_factory=list, repr=False)
+    """with `look_jitter` on: a ray caster per env group (env i renders through looks[i % len(looks)])"""
 
     @property
     def num_envs(self) -> int:
@@ -232,7 +238,12 @@ class BimanualScene:
     def render_gray(self, generator: torch.Generator | None = None) -> Tensor:
         """`(N, 1, H, W)` uint8 grayscale images, one per env, from the renderer of `cfg.camera_renderer`, through the
         look's lens and sensor (its noise drawn from `generator`)."""
-        if self.raycaster is not None:
+        if self.looks:
+            pos, quat = self.solver.get_links_pos(), self.solver.get_links_quat()
+            image = torch.empty(self.num_envs, 1, self.cfg.camera_res, self.cfg.camera_res, dtype=torch.uint8)
+            for k, caster in enumerate(self.looks):  # a few groups, each a batched render of its envs
+                image[k :: len(self.looks)] = caster.render(pos[k :: len(self.looks)], quat[k :: len(self.looks)])
+        elif self.raycaster is not None:
             image = self.raycaster.render(self.solver.get_links_pos(), self.solver.get_links_quat())
         elif self.camera is None:
             raise ConfigError("this scene has no camera; build it with scene.camera=True")
@@ -246,6 +257,19 @@ class BimanualScene:
         if self.cfg.look.noise > 0.0:
             image = sensor_noise(image, self.cfg.look.noise, generator)
         return image
+
+    def redraw_looks(self, generator: torch.Generator) -> None:
+        """Draw each env group's look anew from `look_jitter` around `look` (nothing without a jitter or a ray
+        caster)."""
+        jitter = self.cfg.look_jitter
+        if self.raycaster is None or not jitter.active:
+            return
+        n = min(jitter.groups, self.num_envs)
+        self.looks = [
+            RaycastCamera(self.raycaster.geo, self.cfg.camera_res, device=self.raycaster.device,
+                          look=jitter.draw(self.cfg.look, generator))
+            for _ in range(n)
+        ]  # fmt: skip
 
     def render_links(self) -> Tensor:
         """`(N, H, W)` long: the solver link each pixel shows (Genesis' segmentation, or the ray caster's), -1 for

@@ -12,6 +12,7 @@ import torch
 from envs.bimanual.camera import DEPTH_STEPS, NO_HIT, RaycastCamera, SceneGeometry, pixel_rays, shade
 from envs.bimanual.look import BACKGROUND, LIGHT
 from envs.bimanual.primitives import fit_box, fit_capsule, fit_capsules, ray_box, ray_capsule, sample_surface
+from envs.errors import ConfigError
 
 
 def test_pixel_rays_by_hand():
@@ -229,3 +230,44 @@ def test_render_gray_through_the_ray_caster_moves_only_the_env_that_moved(genesi
         bs.arms[0].set_qpos(q)
     assert not torch.equal(after[1], before[1])
     assert torch.equal(after[[0, 2]], before[[0, 2]])
+
+
+def test_look_jitter_draws_within_its_ranges_and_is_off_by_default():
+    from envs.bimanual.look import TRAINING_JITTER, CameraLook, LookJitter
+
+    g = torch.Generator().manual_seed(0)
+    base, j = CameraLook(), TRAINING_JITTER
+    looks = [j.draw(base, g) for _ in range(300)]
+    assert max(abs(v) for look in looks for v in look.camera_shift) <= j.camera_shift
+    assert max(abs(v) for look in looks for v in look.camera_rotation_deg) <= j.camera_rotation_deg
+    assert all(j.ambient[0] <= look.ambient <= j.ambient[1] for look in looks)
+    assert all(0 <= look.clutter <= j.clutter and look.light[2] == base.light[2] for look in looks)
+    spread = torch.tensor([look.light_intensity for look in looks])
+    assert spread.min() < 0.8 and spread.max() > 1.25, "the draws span the range"
+    assert len({look.clutter_seed for look in looks}) > 250, "clutter stands elsewhere in each look"
+    assert not LookJitter().active and j.active and not LookJitter(groups=8).active
+    with pytest.raises(ConfigError, match="look_jitter.light_intensity"):
+        LookJitter(light_intensity=(1.3, 0.7))
+
+
+@pytest.mark.genesis
+def test_jittered_looks_render_each_env_group_through_its_own_look(genesis_scene):
+    from envs.bimanual.look import TRAINING_JITTER, LookJitter
+
+    bs, cam = genesis_scene
+    object_poses(bs, torch.tensor([[0.0, 0.0, bs.cfg.object_extent[2] / 2]]).expand(N, -1), torch.zeros(N))
+    plain = replace(bs, raycaster=cam)
+    jittered = replace(plain, cfg=replace(bs.cfg, look_jitter=replace(TRAINING_JITTER, groups=2)))
+    jittered.redraw_looks(torch.Generator().manual_seed(1))
+    assert len(jittered.looks) == 2 and jittered.looks[0].look != jittered.looks[1].look
+    pos, quat = bs.solver.get_links_pos(), bs.solver.get_links_quat()
+    image = jittered.render_gray()
+    for k, caster in enumerate(jittered.looks):  # env i through look i mod 2
+        assert torch.equal(image[k::2], caster.render(pos[k::2], quat[k::2]))
+    assert not torch.equal(image, plain.render_gray()), "another look than the fixed one"
+    first = [c.look for c in jittered.looks]
+    jittered.redraw_looks(torch.Generator().manual_seed(2))
+    assert [c.look for c in jittered.looks] != first, "a full reset draws new looks"
+    off = replace(plain, cfg=replace(bs.cfg, look_jitter=LookJitter()))
+    off.redraw_looks(torch.Generator().manual_seed(1))
+    assert off.looks == [] and torch.equal(off.render_gray(), plain.render_gray())

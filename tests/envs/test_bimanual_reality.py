@@ -11,7 +11,7 @@ import torch
 
 from envs.bimanual.actuation import backlash, deadband, dropped, hold_dropped, jittered_delay, wrist_element
 from envs.bimanual.camera import RaycastCamera
-from envs.bimanual.config import BimanualConfig, EffectsConfig, ObservationConfig
+from envs.bimanual.config import BimanualConfig, EffectsConfig, ObservationConfig, exact_sensors
 from envs.bimanual.control import ActionDelay
 from envs.bimanual.handover import HandoverConfig
 from envs.bimanual.look import (
@@ -19,6 +19,7 @@ from envs.bimanual.look import (
     CAMERA_POS,
     CAMERA_UP,
     CameraLook,
+    LookJitter,
     camera_pose,
     distort,
     lens_grid,
@@ -201,16 +202,18 @@ def test_parts_split_cleanly_and_training_is_untouched(cls):
         assert cfg.randomization.object_mass == pytest.approx(middle) and cfg.randomization.action_latency == (0, 0)
     for name in ("dynamics", "none"):  # the training look; every part reads its wrench estimate at the true scale
         obs = every[name].observations
-        assert obs == replace(base.observations, wrench_gain=(1.0, 1.0)) and base.observations.wrench_gain != (1.0, 1.0)
+        assert obs == exact_sensors(base.observations) and base.observations.wrench_gain != (1.0, 1.0)
+        assert obs.look_jitter == LookJitter() != base.observations.look_jitter, "one look, never jittered"
         assert every[name].randomization.camera_latency == (0, 0)
     assert all(cfg.observations.wrench_gain == (1.0, 1.0) for cfg in every.values())
+    assert all(cfg.observations.look_jitter == LookJitter() for cfg in every.values())
     for name in ("all", "perception"):
         obs = every[name].observations
         assert obs.look == reality.look and obs.camera_renderer == "raycast" and obs.look != CameraLook()
     rendered = reality_env_config(base, ArmRealityConfig(variant="rasterized"), "perception")
     assert rendered.observations.camera_renderer == "genesis"
     blind = reality_env_config(cls(), reality, "perception")  # no camera: nothing to perceive
-    assert blind.observations == replace(cls().observations, wrench_gain=(1.0, 1.0))
+    assert blind.observations == exact_sensors(cls().observations)
 
 
 def test_both_arm_tasks_register_the_proxy():
