@@ -1,4 +1,5 @@
-"""First measurements of the two-arm Genesis scene: grasp slip, control-step throughput, camera cost, setter isolation.
+"""First measurements of the two-arm Genesis scene: grasp slip, control-step throughput, camera cost, setter isolation,
+and the TCP wrench the arms report at two physics steps.
 
     python -m experiments.research.bimanual_probe default
     python -m experiments.research.bimanual_probe default --measurements slip
@@ -42,14 +43,14 @@ from envs.console import make_console
 from envs.errors import ConfigError
 from experiments.cli import run
 
-Measurement = Literal["slip", "throughput", "camera", "setters"]
+Measurement = Literal["slip", "throughput", "camera", "setters", "wrench"]
 
 
 @dataclass(frozen=True)
 class ProbeConfig:
     """Which measurements, over what grid."""
 
-    measurements: tuple[Measurement, ...] = ("slip", "throughput", "camera", "setters")
+    measurements: tuple[Measurement, ...] = ("slip", "throughput", "camera", "setters", "wrench")
     """the measurements to run, in order"""
     masses: tuple[float, ...] = (0.1, 0.3, 0.6, 1.0)
     """bar masses of the slip grid (kg)"""
@@ -73,6 +74,10 @@ class ProbeConfig:
     """renderers the camera measurement compares"""
     camera_frames: int = 20
     """frames rendered per camera measurement (control steps around the descent and the grasp)"""
+    wrench_steps: tuple[float, ...] = (0.01, 0.005)
+    """physics steps (s) at which the wrench measurement reads the arms' TCP wrench (the control step stays 0.05 s)"""
+    wrench_envs: int = 16
+    """envs (episodes) of the wrench measurement"""
     threads: int = 0
     """torch threads (0: leave torch's default)"""
     scene: SceneConfig = field(default_factory=SceneConfig)
@@ -86,7 +91,7 @@ class ProbeConfig:
 
     def __post_init__(self) -> None:
         if not self.measurements:
-            raise ConfigError("--measurements is empty; choose from slip, throughput, camera, setters")
+            raise ConfigError("--measurements is empty; choose from slip, throughput, camera, setters, wrench")
         if self.repeats < 1:
             raise ConfigError(f"--repeats={self.repeats}; need at least 1")
         if any(r not in ("genesis", "raycast") for r in self.camera_renderers):
@@ -357,6 +362,46 @@ def measure_setters(cfg: ProbeConfig, console) -> dict:
     return {"rows": rows, "object_path_change_mm": gap_mm, "isolated": ok}
 
 
+def measure_wrench(cfg: ProbeConfig, console) -> dict:
+    """The TCP wrench the arms report (their joint torques through the Jacobian, calibration exact, no noise or bias)
+    while the scripted expert lifts the bar in the nominal world, at each physics step of `wrench_steps`: its mean and
+    standard deviation per axis over every control step of every episode."""
+    from envs.bimanual.config import BimanualConfig
+    from envs.bimanual.env import BimanualEnv, nominal
+    from envs.bimanual.expert import ScriptedExpert
+    from envs.bimanual.task import BimanualEvalConfig, run_episodes, summarize
+
+    table = Table(title="TCP wrench during the expert's lift (arm 0; N and N·m)")
+    for col in ("physics step", "success", "mean fx fy fz", "std fx fy fz", "std tx ty tz"):
+        table.add_column(col)
+    rows = []
+    for dt in cfg.wrench_steps:
+        base = BimanualConfig(num_envs=cfg.wrench_envs, seed=cfg.seed)
+        decimation = round(base.control_dt / dt)
+        env_cfg = nominal(replace(base, dt=dt, decimation=decimation))
+        obs = replace(env_cfg.observations, wrench_noise=0.0, wrench_bias=0.0, wrench_bias_walk=0.0)
+        env = BimanualEnv(replace(env_cfg, observations=obs))
+        expert, readings = ScriptedExpert(env), []
+
+        def act(o, env=env, expert=expert, readings=readings):
+            readings.append(env.tcp_wrench().clone())
+            return expert(o)
+
+        try:
+            ev = BimanualEvalConfig(episodes=cfg.wrench_envs, seed=cfg.seed, randomize=False)
+            success = summarize(run_episodes(act, env, ev))["success"]
+        finally:
+            env.close()
+        w = torch.stack(readings)  # (T, N, 2, 6)
+        mean, std = w.mean((0, 1)), w.std((0, 1))
+        rows.append({"dt": dt, "decimation": decimation, "success": success, "mean": mean.tolist(),
+                     "std": std.tolist()})  # fmt: skip
+        fmt = lambda v: " ".join(f"{x:.1f}" for x in v.tolist())  # noqa: E731
+        table.add_row(f"{dt:g} s", f"{success:.0%}", fmt(mean[0, :3]), fmt(std[0, :3]), fmt(std[0, 3:]))
+    console.print(table)
+    return {"rows": rows}
+
+
 def main(cfg: ProbeConfig) -> dict:
     console = make_console()
     if cfg.threads:
@@ -372,6 +417,8 @@ def main(cfg: ProbeConfig) -> dict:
             report[m] = measure_throughput(cfg, console)
         elif m == "camera":
             report[m] = measure_camera(cfg, console, out.parent)
+        elif m == "wrench":
+            report[m] = measure_wrench(cfg, console)
         else:
             report[m] = measure_setters(cfg, console)
         report[m]["wall_s"] = time.perf_counter() - t0
@@ -383,7 +430,7 @@ def main(cfg: ProbeConfig) -> dict:
 
 PRESETS = {
     "default": (
-        "the four measurements of the issue: 36-cell slip grid, throughput 16/64/128, camera 16/32",
+        "the issue's four measurements (36-cell slip grid, throughput 16/64/128, camera 16/32, setters) and the wrench",
         ProbeConfig(),
     ),
     "smoke": (
@@ -395,6 +442,7 @@ PRESETS = {
             repeats=1,
             throughput_envs=(4,),
             camera_envs=(2,),
+            wrench_envs=2,
             camera_frames=2,
             script=GraspScript(approach_steps=40, hold_steps=10),
             out="outputs/bimanual_probe_smoke.json",
