@@ -8,7 +8,7 @@ this round's HDF5 shard; then train on windows sampled from all rounds' shards (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from adaptation.losses import adaptation_losses
-from envs.errors import check_range
+from envs.errors import ConfigError, check_range
 from student.model import StudentModel
 
 
@@ -109,6 +109,22 @@ class DaggerConfig:
         check_range("dagger.speed_weight", self.speed_weight, 0.0, 1000.0)
         check_range("dagger.privileged_weight", self.privileged_weight, 0.0, 100.0)
         check_range("dagger.ema_decay", self.ema_decay, 0.0, 0.99999)
+
+
+def collection_world(env_cfg, dagger: DaggerConfig):
+    """`env_cfg` as the collection env draws its worlds: dynamics re-drawn every `dagger.redraw_seconds` of an
+    episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged; a
+    task whose randomization has no such setting refuses them). Only the collection env gets it: the run's saved
+    world, its evaluations and its checkpoints' world stay the teacher's."""
+    settings = (("redraw_seconds", dagger.redraw_seconds), ("friction_low_share", dagger.low_grip_share))
+    asked = {k: v for k, v in settings if v > 0}
+    if not asked:
+        return env_cfg
+    rnd = getattr(env_cfg, "randomization", None)
+    missing = [k for k in asked if not hasattr(rnd, k)]
+    if missing:
+        raise ConfigError(f"dagger: this task's randomization has no {missing}; leave those DAgger settings at 0")
+    return replace(env_cfg, randomization=replace(rnd, **asked))
 
 
 def teacher_probability(cfg: DaggerConfig, round_index: int) -> float:

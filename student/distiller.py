@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from envs.task import Task, task_of_config
 from student.dagger import (
     DaggerConfig,
     choose_actions,
+    collection_world,
     round_learning_rate,
     teacher_probability,
     train_step,
@@ -94,22 +94,6 @@ def output_spec(
         image_hw=tuple(obs["camera"].shape[-2:]),
         previous_action_dim=task.previous_action_dim if width != task.previous_action_dim else 0,
     )
-
-
-def collection_world(env_cfg, dagger: DaggerConfig):
-    """`env_cfg` as the collection env draws its worlds: dynamics re-drawn every `dagger.redraw_seconds` of an
-    episode and `dagger.low_grip_share` of the frictions from the range's lowest third (0 for either: unchanged; a
-    task whose randomization has no such setting refuses them). Only the collection env gets it: the run's saved
-    world, its evaluations and its checkpoints' world stay the teacher's."""
-    settings = (("redraw_seconds", dagger.redraw_seconds), ("friction_low_share", dagger.low_grip_share))
-    asked = {k: v for k, v in settings if v > 0}
-    if not asked:
-        return env_cfg
-    rnd = getattr(env_cfg, "randomization", None)
-    missing = [k for k in asked if not hasattr(rnd, k)]
-    if missing:
-        raise ConfigError(f"dagger: this task's randomization has no {missing}; leave those DAgger settings at 0")
-    return replace(env_cfg, randomization=replace(rnd, **asked))
 
 
 class Distiller:

@@ -220,3 +220,12 @@ class BimanualConfig:
     def max_episode_length(self) -> int:
         """control steps per episode"""
         return round(self.episode_seconds / self.control_dt)
+
+
+def nominal(cfg: BimanualConfig) -> BimanualConfig:
+    """`cfg` with every randomized factor at its nominal value (the bar's start pose still drawn)."""
+    rnd = replace(
+        cfg.randomization, object_mass=(0.2, 0.2), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
+        action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
+    )  # fmt: skip
+    return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))

@@ -24,7 +24,6 @@ but not bit-exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from einops import rearrange
 from tensordict import TensorDict
 from torch import Tensor
 
-from envs.bimanual.config import BAR_LENGTHS, BimanualConfig, exact_sensors
+from envs.bimanual.config import BAR_LENGTHS, BimanualConfig
 from envs.bimanual.control import BimanualController, ControlConfig, quat_rotate
 from envs.bimanual.observations import read_state
 from envs.bimanual.scene import ARM_KP, ARM_KV, SceneConfig, build_scene
@@ -446,12 +445,3 @@ _ADDED = {
     "held_steps": lambda env: torch.zeros_like(env.streak),
 }
 """per-env tensors added since the first saved states, each with the value an older state loads with"""
-
-
-def nominal(cfg: BimanualConfig) -> BimanualConfig:
-    """`cfg` with every randomized factor at its nominal value (the bar's start pose still drawn)."""
-    rnd = replace(
-        cfg.randomization, object_mass=(0.2, 0.2), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
-        action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
-    )  # fmt: skip
-    return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from envs.bimanual.config import BimanualConfig
-from envs.bimanual.env import FACTOR_BOUNDS, FACTOR_NAMES, BimanualEnv, nominal
+from envs.bimanual.config import BimanualConfig, nominal
+from envs.bimanual.env import FACTOR_BOUNDS, FACTOR_NAMES, BimanualEnv
 from envs.bimanual.expert import ScriptedExpert
 from envs.bimanual.reality import reality_env_config
 from envs.errors import check_range

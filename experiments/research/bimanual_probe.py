@@ -366,21 +366,20 @@ def measure_wrench(cfg: ProbeConfig, console) -> dict:
     """The TCP wrench the arms report (their joint torques through the Jacobian, calibration exact, no noise or bias)
     while the scripted expert lifts the bar in the nominal world, at each physics step of `wrench_steps`: its mean and
     standard deviation per axis over every control step of every episode."""
-    from envs.bimanual.config import BimanualConfig
-    from envs.bimanual.env import BimanualEnv, nominal
+    from envs.bimanual.config import BimanualConfig, nominal
+    from envs.bimanual.env import BimanualEnv
     from envs.bimanual.expert import ScriptedExpert
     from envs.bimanual.task import BimanualEvalConfig, run_episodes, summarize
 
-    table = Table(title="TCP wrench during the expert's lift (arm 0; N and N·m)")
+    table, rows = Table(title="TCP wrench during the expert's lift (arm 0; N and N·m)"), []
     for col in ("physics step", "success", "mean fx fy fz", "std fx fy fz", "std tx ty tz"):
         table.add_column(col)
-    rows = []
     for dt in cfg.wrench_steps:
         base = BimanualConfig(num_envs=cfg.wrench_envs, seed=cfg.seed)
         decimation = round(base.control_dt / dt)
         env_cfg = nominal(replace(base, dt=dt, decimation=decimation))
-        obs = replace(env_cfg.observations, wrench_noise=0.0, wrench_bias=0.0, wrench_bias_walk=0.0)
-        env = BimanualEnv(replace(env_cfg, observations=obs))
+        env = BimanualEnv(replace(env_cfg, observations=replace(
+            env_cfg.observations, wrench_noise=0.0, wrench_bias=0.0, wrench_bias_walk=0.0)))  # fmt: skip
         expert, readings = ScriptedExpert(env), []
 
         def act(o, env=env, expert=expert, readings=readings):
@@ -388,14 +387,11 @@ def measure_wrench(cfg: ProbeConfig, console) -> dict:
             return expert(o)
 
         try:
-            ev = BimanualEvalConfig(episodes=cfg.wrench_envs, seed=cfg.seed, randomize=False)
-            success = summarize(run_episodes(act, env, ev))["success"]
+            success = summarize(run_episodes(act, env, BimanualEvalConfig(cfg.wrench_envs, cfg.seed, False)))["success"]
         finally:
             env.close()
-        w = torch.stack(readings)  # (T, N, 2, 6)
-        mean, std = w.mean((0, 1)), w.std((0, 1))
-        rows.append({"dt": dt, "decimation": decimation, "success": success, "mean": mean.tolist(),
-                     "std": std.tolist()})  # fmt: skip
+        mean, std = torch.stack(readings).mean((0, 1)), torch.stack(readings).std((0, 1))  # over steps and envs
+        rows.append({"dt": dt, "success": success, "mean": mean.tolist(), "std": std.tolist()})
         fmt = lambda v: " ".join(f"{x:.1f}" for x in v.tolist())  # noqa: E731
         table.add_row(f"{dt:g} s", f"{success:.0%}", fmt(mean[0, :3]), fmt(std[0, :3]), fmt(std[0, 3:]))
     console.print(table)

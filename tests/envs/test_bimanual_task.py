@@ -119,7 +119,8 @@ def env():
 
 @pytest.mark.genesis
 def test_observation_groups_and_a_masked_reset_touches_only_its_envs(env):
-    from envs.bimanual.env import FACTOR_NAMES, nominal
+    from envs.bimanual.config import nominal
+    from envs.bimanual.env import FACTOR_NAMES
     from envs.task import get_task
 
     obs = env.get_observations()
@@ -166,7 +167,7 @@ def test_an_exploding_env_is_reset_and_counted_and_a_saved_state_loads_back(env)
 
 @pytest.mark.genesis
 def test_the_scripted_expert_lifts_the_bar_at_nominal_settings(env):
-    from envs.bimanual.env import nominal
+    from envs.bimanual.config import nominal
     from envs.bimanual.expert import ScriptedExpert
     from envs.bimanual.task import BimanualEvalConfig, run_episodes, summarize
 
