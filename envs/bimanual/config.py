@@ -8,7 +8,7 @@ field. The defaults are the ranges in which the scripted grasp holds the bar.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from envs.bimanual.look import TRAINING_JITTER, CameraLook, LookJitter
 from envs.errors import ConfigError, check_interval, check_range
@@ -222,10 +222,11 @@ class BimanualConfig:
         return round(self.episode_seconds / self.control_dt)
 
 
-def nominal(cfg: BimanualConfig) -> BimanualConfig:
-    """`cfg` with every randomized factor at its nominal value (the bar's start pose still drawn)."""
+def nominal(cfg: Any, object_mass: float = 0.2) -> Any:
+    """A two-arm env config `cfg` (the lift's or a variant's) with every randomized factor at its nominal value, the
+    object `object_mass` kg (the object's start pose still drawn)."""
     rnd = replace(
-        cfg.randomization, object_mass=(0.2, 0.2), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
-        action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
+        cfg.randomization, object_mass=(object_mass, object_mass), com_shift=(0.0, 0.0), friction=(0.8, 0.8),
+        gain_scale=(1.0, 1.0), action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
     )  # fmt: skip
     return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))

@@ -12,7 +12,7 @@ geometry per env) and is reported in the `env_factors` group like the bar's leng
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from envs.bimanual.config import (
     ObservationConfig,
     RandomizationConfig,
     check_latency_buffer,
-    exact_sensors,
+    nominal,
 )
 from envs.bimanual.env import FACTOR_BOUNDS, REACH_SCALE, BimanualEnv, scene_config, uniform
 from envs.bimanual.handover_success import GIVER, RECEIVER, HandoverGoal, handover_conditions, handover_terms
@@ -182,8 +182,4 @@ class HandoverEnv(BimanualEnv):
 
 def nominal_handover(cfg: HandoverConfig) -> HandoverConfig:
     """`cfg` with every randomized factor at its nominal value (the cube's start pose still drawn)."""
-    rnd = replace(
-        cfg.randomization, object_mass=(0.15, 0.15), com_shift=(0.0, 0.0), friction=(0.8, 0.8), gain_scale=(1.0, 1.0),
-        action_latency=(0, 0), camera_latency=(0, 0), base_offset=0.0,
-    )  # fmt: skip
-    return replace(cfg, randomization=rnd, observations=exact_sensors(cfg.observations))
+    return nominal(cfg, object_mass=0.15)

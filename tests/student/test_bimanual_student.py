@@ -268,7 +268,7 @@ def test_worlds_map_back_to_physical_units_and_score_by_thirds():
 
 def test_estimates_are_scored_after_the_object_has_been_held():
     """Rows that carry the time the object has been held get `held` bins beside the time-since-reset ones: a student
-    that knows the mass only once it hangs from the grippers scores R^2 1 there, and about 0 before."""
+    that knows the factors only once the object hangs from the grippers is exact there and guesses before."""
     from envs.task import get_task
     from student.task_evaluation import HELD_SECONDS, estimation_by_time, estimation_table
 
