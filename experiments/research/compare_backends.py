@@ -6,7 +6,10 @@ Scenarios: straight lines and constant-radius turns at several speeds and fricti
 per scenario the steady-state speed and turning radius of both backends and how far their trajectories drift apart
 (position and heading after 1, 2 and 4 s). In the kinematic regime (low speed, high friction) they should agree
 within a few percent; at low friction and high speed the Genesis car slides, and the size of the gap is what the
-randomization has to cover. Writes `compare_backends.json` and a trajectory plot.
+randomization has to cover. One more env takes step commands (a speed step from rest, then a steering step once the
+speed has settled) and gives each backend's step responses: when the speed, the wheel angle and the yaw rate reach 10,
+50 and 90% of their change (ms after the step; no latency or actuation effects on either car). Writes
+`compare_backends.json` and a trajectory plot.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class CompareConfig:
     """tire-ground friction"""
     seconds: float = 6.0
     """duration of each run"""
+    step_speed: float = 1.5
+    """the step-response env's speed step from rest at 0.5 s (m/s)"""
+    step_steering: float = 0.3
+    """its steering step (rad), at 2.5 s"""
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=1, physics="genesis"))
     """car spec and substeps (physics is set per backend)"""
     out_dir: str = "outputs/compare_backends"
@@ -49,13 +56,28 @@ def scenarios(cfg: CompareConfig) -> list[tuple[float, float, float]]:
     return [(v, d, mu) for mu in cfg.frictions for v in cfg.speeds for d in cfg.steering]
 
 
+STEP_TIMES = (0.5, 2.5)
+"""when the step-response env's speed and steering steps come (s)"""
+
+
 def drive(physics, steer: torch.Tensor, speed: torch.Tensor, substeps: int) -> np.ndarray:
-    """Run the open-loop commands; returns `(T, N, 5)`: x, y, yaw, speed, yaw rate after every substep."""
+    """Run the open-loop commands (`(N,)` held, or `(T, N)` per substep); returns `(T, N, 6)`: x, y, yaw, speed, yaw
+    rate and wheel angle after every substep."""
     out = []
-    for _ in range(substeps):
-        s = physics.step(steer, speed)
-        out.append(torch.stack([s.x, s.y, s.yaw, s.speed, s.yaw_rate], -1).cpu().numpy())
+    for k in range(substeps):
+        s = physics.step(steer if steer.dim() == 1 else steer[k], speed if speed.dim() == 1 else speed[k])
+        out.append(torch.stack([s.x, s.y, s.yaw, s.speed, s.yaw_rate, s.steer], -1).cpu().numpy())
     return np.stack(out)
+
+
+def rise_times(signal: np.ndarray, start: int, dt: float, levels=(0.1, 0.5, 0.9)) -> list[float]:
+    """Milliseconds after substep `start` until `signal` `(T,)` first covers each level of its change from the value
+    before the step to its mean over the last tenth (nan where it never does)."""
+    before, after = signal[start - 1], signal[-max(1, len(signal) // 10) :].mean()
+    if after == before:
+        return [float("nan")] * len(levels)
+    share = (signal[start:] - before) / (after - before)
+    return [float((np.argmax(share >= q) + 1) * dt * 1000) if (share >= q).any() else float("nan") for q in levels]
 
 
 def steady_radius(traj: np.ndarray) -> np.ndarray:
@@ -70,12 +92,15 @@ def main(cfg: CompareConfig) -> dict:
 
     console = make_console()
     plan = scenarios(cfg)
-    n = len(plan)
+    n = len(plan) + 1  # the last env: the step responses
     env_cfg = replace(cfg.env, num_envs=n)
-    v = torch.tensor([p[0] for p in plan])
-    d = torch.tensor([p[1] for p in plan])
-    mu = torch.tensor([p[2] for p in plan])
-    steps = int(cfg.seconds / env_cfg.dt_physics)
+    mu = torch.tensor([p[2] for p in plan] + [1.0])
+    steps = max(int(cfg.seconds / env_cfg.dt_physics), int((STEP_TIMES[1] + 1.0) / env_cfg.dt_physics))
+    t = torch.arange(steps)[:, None] * env_cfg.dt_physics
+    v = torch.tensor([p[0] for p in plan] + [0.0]).repeat(steps, 1)
+    d = torch.tensor([p[1] for p in plan] + [0.0]).repeat(steps, 1)
+    v[:, -1] = torch.where(t[:, 0] >= STEP_TIMES[0], cfg.step_speed, 0.0)
+    d[:, -1] = torch.where(t[:, 0] >= STEP_TIMES[1], cfg.step_steering, 0.0)
     ids = torch.arange(n)
     params = CarParams.nominal(n)
     params.friction.copy_(mu)
@@ -91,6 +116,7 @@ def main(cfg: CompareConfig) -> dict:
         phys.set_params(params, ids)
         results[name] = drive(phys, d, v, steps)
     b, g = results["bicycle"], results["genesis"]
+    steps_out = step_table(results, env_cfg.dt_physics, console)
     rows = []
     for i, (speed, steer, friction) in enumerate(plan):
         row = {"speed_cmd": speed, "steer_cmd": steer, "friction": friction}
@@ -120,14 +146,14 @@ def main(cfg: CompareConfig) -> dict:
         )  # fmt: skip
     console.print(table)
     out = Path(cfg.out_dir)
-    write_text_atomic(out / "compare_backends.json", json.dumps(rows, indent=2))
+    write_text_atomic(out / "compare_backends.json", json.dumps({"scenarios": rows, "steps": steps_out}, indent=2))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 8))
-    for i in range(n):
+    for i in range(n - 1):
         ax.plot(b[:, i, 0], b[:, i, 1], color="tab:blue", lw=0.7)
         ax.plot(g[:, i, 0], g[:, i, 1], color="tab:red", lw=0.7, ls="--")
     ax.set_aspect("equal")
@@ -135,7 +161,22 @@ def main(cfg: CompareConfig) -> dict:
     fig.savefig(out / "compare_backends.png", dpi=100)
     plt.close(fig)
     console.print(f"results in [bold]{out.resolve()}[/]")
-    return {"rows": rows}
+    return {"rows": rows, "steps": steps_out}
+
+
+def step_table(results: dict[str, np.ndarray], dt: float, console) -> dict[str, dict[str, list[float]]]:
+    """Rise times of the step-response env (the last) per backend and channel; printed as a table."""
+    speed_at, steer_at = (round(s / dt) for s in STEP_TIMES)
+    channels = {"speed": (3, speed_at, steer_at), "wheel angle": (5, steer_at, None), "yaw rate": (4, steer_at, None)}
+    out = {name: {ch: rise_times(tr[start - 1 : end, -1, col], 1, dt) for ch, (col, start, end) in channels.items()}
+           for name, tr in results.items()}  # fmt: skip
+    table = Table(title="step responses: ms to 10 / 50 / 90% of the change")
+    for col in ("channel", *results):
+        table.add_column(col)
+    for ch in channels:
+        table.add_row(ch, *(" / ".join(f"{x:.0f}" for x in out[name][ch]) for name in results))
+    console.print(table)
+    return out
 
 
 PRESETS = {
