@@ -273,6 +273,9 @@ class DynamicsCalibrationConfig:
     env's nominal camera latency"""
     widen: float = 2.0
     """randomization ranges: this many bootstrap spreads either side of the fit"""
+    jitter_ms: float = 30.0
+    """the latency jitter the calibrated world draws every control step (`effects.latency_jitter_ms`; the `transfer`
+    preset's; 0 = none): the log shows its mean inside the loop latency, so the action latency written is the rest"""
     min_seconds: float = 30.0
     """shortest log accepted (s)"""
     out_dir: str = "outputs/calibration"
@@ -291,6 +294,7 @@ class DynamicsCalibrationConfig:
         check_range("camera_latency_ms", self.camera_latency_ms, -1.0, 500.0)
         check_range("threads", self.threads, 1, 256)
         check_range("widen", self.widen, 0.5, 10.0)
+        check_range("jitter_ms", self.jitter_ms, 0.0, 200.0)
         check_range("min_seconds", self.min_seconds, 1.0, 3600.0)
 
 
@@ -378,7 +382,7 @@ def write_calibrated(cfg: DynamicsCalibrationConfig, fit: DynamicsFit, camera_ms
 
     from experiments.cli import env_with_file
 
-    sections, notes = calibrated_sections(fit, camera_ms, cfg.env.dt_physics, cfg.widen)
+    sections, notes = calibrated_sections(fit, camera_ms, cfg.env.dt_physics, cfg.widen, cfg.jitter_ms)
     path = Path(cfg.out_dir) / "calibrated.yaml"
     merged = yaml.safe_load(path.read_text()) if path.is_file() else {}
     merged = merged if isinstance(merged, dict) else {}

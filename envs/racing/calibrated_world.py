@@ -4,23 +4,39 @@ ranges narrowed to its spread) and the fit's report rows."""
 from __future__ import annotations
 
 from envs.racing.dynamics_calibration import NOT_WRITTEN, NUISANCE, DynamicsFit, servo_rate_dps
+from envs.racing.effects import EffectsConfig
+
+SESSION_MINUTES = 10.0
+"""driving time whose battery sag the calibrated motor-gain range covers (the fit's gain is the full battery's), down to
+the effects' default battery floor"""
+
+
+def mean_jitter_ms(jitter_ms: float, dt_physics: float) -> float:
+    """The mean extra action latency of `effects.latency_jitter_ms` (ms): the env draws 0..k whole physics substeps,
+    k = the jitter in substeps, rounded."""
+    step = 1000.0 * dt_physics
+    return 0.5 * round(jitter_ms / step) * step
 
 
 def calibrated_sections(
-    fit: DynamicsFit, camera_latency_ms: float, dt_physics: float, widen: float = 2.0
+    fit: DynamicsFit, camera_latency_ms: float, dt_physics: float, widen: float = 2.0, jitter_ms: float = 0.0
 ) -> tuple[dict, list[str]]:
     """The env YAML sections of a calibrated training world (the key layout of `to_yaml(EnvConfig)`), and notes:
     nominal values at the fit (the car's lags, the effects' trim, deadband, slew rate and throttle map, the action
     latency) and randomization ranges `widen` times the fit's spread either side of it (at least a small floor). The
-    log shows the loop latency only: the action latency is the loop latency less `camera_latency_ms`."""
+    effects are written at their fitted values for every env (`effects.randomize` off: a preset that draws each
+    effect between off and its value, with a random trim sign, would centre the world elsewhere), with a latency
+    jitter of `jitter_ms`. The log shows the loop latency only, the mean jitter inside it: the action latency is the
+    loop latency less `camera_latency_ms` and the written jitter's mean. A battery that sagged during the log widens
+    the motor gain's range down to what `SESSION_MINUTES` of driving leave (at most to the battery floor)."""
     v, s = fit.values, fit.spread
     half = lambda name, floor: max(widen * s.get(name, 0.0), floor)  # noqa: E731
     around = lambda name, floor: [round(v[name] - half(name, floor), 4), round(v[name] + half(name, floor), 4)]  # noqa: E731
     notes = []
-    action = fit.latency_ms - camera_latency_ms
+    action = fit.latency_ms - camera_latency_ms - mean_jitter_ms(jitter_ms, dt_physics)
     if action < 0:
-        notes.append(f"loop latency {fit.latency_ms:.0f} ms is below the camera latency {camera_latency_ms:.0f} ms: "
-                     "action latency set to 0")  # fmt: skip
+        notes.append(f"loop latency {fit.latency_ms:.0f} ms is below the camera latency {camera_latency_ms:.0f} ms "
+                     "and the mean jitter: action latency set to 0")  # fmt: skip
         action = 0.0
     lat_half = max(widen * fit.latency_spread_ms, 1000.0 * dt_physics)
     rnd = {
@@ -38,7 +54,11 @@ def calibrated_sections(
         notes.append("friction not identified: its randomization range is left as it was")
     sag = v.get("battery_sag_per_minute", 0.0)
     if "battery_sag_per_minute" in fit.identified and sag > 0.005:
-        notes.append(f"the battery sagged {sag:.3f} of the speed gain per minute: motor_gain is the full battery's")
+        drained = max(1.0 - sag * SESSION_MINUTES, EffectsConfig().battery_floor)
+        low = round(min(rnd["motor_gain_range"][0], v["motor_gain"] * drained), 4)
+        rnd["motor_gain_range"] = [low, rnd["motor_gain_range"][1]]
+        notes.append(f"the battery sagged {sag:.3f} of the speed gain per minute: motor_gain is the full battery's, "
+                     f"its range reaches down to {low} ({SESSION_MINUTES:.0f} minutes of driving)")  # fmt: skip
     unwritten = [n for n in NOT_WRITTEN if n in fit.identified]
     if unwritten:
         notes.append("fitted but not written (they describe this car's tyres and drivetrain beside the gains; the last "
@@ -49,6 +69,8 @@ def calibrated_sections(
     effects = {
         "steering_offset_deg": round(v["steering_offset_deg"] / v["steering_gain"], 4),  # command space, before gain
         "throttle_exponent": round(v["throttle_exponent"], 4),
+        "latency_jitter_ms": round(jitter_ms, 2),
+        "randomize": False,
     }
     if "steering_deadband_deg" in fit.identified:
         deadband = v["steering_deadband_deg"]

@@ -276,3 +276,27 @@ def test_calibrated_config_round_trips_through_env_file(tmp_path):
     assert env.effects.steering_offset_deg == pytest.approx(1.0) and env.effects.servo_rate_dps == pytest.approx(360)
     assert env.effects.throttle_exponent == 1.2 and env.effects.steering_deadband_deg == 1.0
     assert rnd.friction_range == pytest.approx((0.86, 0.94))
+    assert not env.effects.randomize and env.effects.latency_jitter_ms == 0.0  # every env at the fitted effects
+
+
+def test_calibrated_world_keeps_the_loop_latency_and_the_battery():
+    """The written jitter's mean comes off the action latency (the log's loop latency holds it), and a battery that
+    sagged during the log widens the motor gain's range downwards."""
+    fit = DynamicsFit(
+        values={"motor_gain": 0.8, "motor_time_constant": 0.2, "throttle_exponent": 1.0, "steering_gain": 1.0,
+                "steering_offset_deg": 0.0, "steering_time_constant": 0.06, "friction": 1.0,
+                "battery_sag_per_minute": 0.03},
+        spread={"motor_gain": 0.002}, identified=("motor_gain", "battery_sag_per_minute"), latency_ms=150.0,
+        latency_spread_ms=0.0, latency_profile={}, residual=0.1, segment_residuals={}, converged=True, reasons=[],
+        flags=[], seconds=1.0,
+    )  # fmt: skip
+    dt = 1.0 / 60.0
+    plain, _ = calibrated_sections(fit, camera_latency_ms=33.3, dt_physics=dt)
+    jittered, notes = calibrated_sections(fit, camera_latency_ms=33.3, dt_physics=dt, jitter_ms=30.0)
+    # 30 ms at 1/60-s substeps: 0, 1 or 2 substeps, 16.7 ms on average
+    assert plain["randomization"]["nominal_action_latency_ms"] == pytest.approx(116.7, abs=0.05)
+    assert jittered["randomization"]["nominal_action_latency_ms"] == pytest.approx(100.0, abs=0.05)
+    assert jittered["effects"]["latency_jitter_ms"] == 30.0 and jittered["effects"]["randomize"] is False
+    low, high = jittered["randomization"]["motor_gain_range"]
+    assert low == pytest.approx(0.8 * 0.8) and high == pytest.approx(0.81)  # 10 minutes at 3%: down to the floor
+    assert any("battery" in n for n in notes)
