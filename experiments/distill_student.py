@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from rich.table import Table
@@ -53,6 +54,7 @@ from teacher.policy import load_teacher
 class DistillConfig:
     """A DAgger distillation run."""
 
+    default_run_dir: ClassVar[str] = "runs/student"
     teacher: str = ""
     """teacher checkpoint (required)"""
     student: StudentConfig = field(default_factory=StudentConfig)
@@ -67,8 +69,9 @@ class DistillConfig:
         default_factory=lambda: EvalConfig(start_points=10, repeats=2, laps=1, max_seconds=30.0, seed=4321)
     )
     """final comparison with the teacher (same episodes for both)"""
-    run_dir: str = "runs/student"
-    """run directory"""
+    run_dir: str = ""
+    """run directory (empty: the resumed run's own when resuming, else `runs/student`, `runs/student-bimanual-lift`
+    for the arm task)"""
     resume: str = ""
     """checkpoint, or run directory (its latest round), to continue"""
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -103,8 +106,7 @@ class DistillBimanualConfig(DistillConfig):
     """per-round evaluation: fixed-seed episodes in the teacher's randomization"""
     final_eval: BimanualEvalConfig = field(default_factory=lambda: BimanualEvalConfig(episodes=32, seed=4321))
     """final comparison with the teacher (same episodes for both; a seed the per-round evaluation never used)"""
-    run_dir: str = "runs/student-bimanual-lift"
-    """run directory"""
+    default_run_dir: ClassVar[str] = "runs/student-bimanual-lift"
 
 
 def without_compile(env_cfg):
@@ -216,6 +218,30 @@ def task_report(cfg: DistillConfig, distiller: Distiller, teacher, logger, conso
     }
 
 
+def resume_checkpoint(spec: str) -> Path:
+    """`--resume`: a round checkpoint, or a run directory's latest one."""
+    ckpt = latest_checkpoint(spec, STUDENT_CHECKPOINTS) if Path(spec).is_dir() else Path(spec)
+    if ckpt is None:
+        raise ConfigError(f"--resume {spec}: no checkpoints/round_*.pt there")
+    if not ckpt.is_file():
+        raise ConfigError(f"--resume {spec}: no such checkpoint")
+    return ckpt
+
+
+def resumed_run_dir(cfg: DistillConfig, ckpt: Path | None) -> Path:
+    """The folder a run writes to: `--run-dir`; when resuming, the resumed run's own (its shards and manifest are
+    there), and a `--run-dir` that names another folder is refused; else the config's default folder."""
+    if ckpt is None:
+        return Path(cfg.run_dir or cfg.default_run_dir)
+    own = ckpt.resolve().parent.parent
+    if cfg.run_dir and Path(cfg.run_dir).resolve() != own:
+        raise ConfigError(
+            f"--resume {ckpt} belongs to the run {own}, but --run-dir is {cfg.run_dir}: a resumed run continues in "
+            "its own folder (drop --run-dir or give that one)"
+        )
+    return own
+
+
 def main(cfg: DistillConfig) -> dict:
     if not cfg.teacher:
         raise ConfigError("--teacher is required (a teacher checkpoint from experiments.train_teacher)")
@@ -224,12 +250,9 @@ def main(cfg: DistillConfig) -> dict:
     check_task(f"--teacher {cfg.teacher}", teacher.task.name, current_task())
     rank = init_distributed(cfg.distributed, "cpu", cfg.distributed_timeout_s, "experiments.distill_student")
     console = make_console()
-    run_dir = Path(cfg.run_dir)
-    ckpt = None
-    if cfg.resume:
-        ckpt = latest_checkpoint(cfg.resume, STUDENT_CHECKPOINTS) if Path(cfg.resume).is_dir() else Path(cfg.resume)
-        if ckpt is None:
-            raise ConfigError(f"--resume {cfg.resume}: no checkpoints/round_*.pt there")
+    ckpt = resume_checkpoint(cfg.resume) if cfg.resume else None
+    run_dir = resumed_run_dir(cfg, ckpt)
+    cfg = replace(cfg, run_dir=str(run_dir))
     env_cfg = without_compile(teacher.env_cfg)
     if rank.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,25 @@ def test_tables_in_a_log_keep_a_track_file_named_by_its_stem_in_full(tmp_path):
     assert len(rows) == 2 and all("forward" in r or "reverse" in r for r in rows), proc.stdout
     assert "…" not in proc.stdout and str(track.parent) not in proc.stdout
     assert (out / f"{stem}_trajectories.png").is_file()
+
+
+def test_a_resumed_student_run_continues_in_its_own_folder(demo_smoke, tmp_path):
+    # `--resume DIR` alone: the run continues in DIR (its shards and manifest), not in the default runs/student.
+    proc, out = demo_smoke
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "elsewhere" / "student"
+    shutil.copytree(out / "student", run_dir)
+    (run_dir / "checkpoints" / "round_002.pt").unlink()
+    teacher = str(out / "teacher" / "teacher.pt")
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "experiments.distill_student", "smoke", "--teacher", teacher, "--resume"]
+    done = subprocess.run([*args, str(run_dir)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "round_002.pt").is_file()
+    assert not (tmp_path / "runs").exists()
+    other = subprocess.run([*args, str(run_dir), "--run-dir", str(tmp_path / "other")], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert other.returncode == 2
+    (line,) = other.stderr.strip().splitlines()
+    assert f"belongs to the run {run_dir}, but --run-dir is {tmp_path / 'other'}" in line
+    assert not (tmp_path / "other").exists()
