@@ -4,18 +4,11 @@ ranges narrowed to its spread) and the fit's report rows."""
 from __future__ import annotations
 
 from envs.racing.dynamics_calibration import NOT_WRITTEN, NUISANCE, DynamicsFit, servo_rate_dps
-from envs.racing.effects import EffectsConfig
+from envs.racing.effects import EffectsConfig, mean_jitter_ms
 
 SESSION_MINUTES = 10.0
 """driving time whose battery sag the calibrated motor-gain range covers (the fit's gain is the full battery's), down to
 the effects' default battery floor"""
-
-
-def mean_jitter_ms(jitter_ms: float, dt_physics: float) -> float:
-    """The mean extra action latency of `effects.latency_jitter_ms` (ms): the env draws 0..k whole physics substeps,
-    k = the jitter in substeps, rounded."""
-    step = 1000.0 * dt_physics
-    return 0.5 * round(jitter_ms / step) * step
 
 
 def calibrated_sections(

@@ -22,7 +22,7 @@ import torch
 
 from envs.errors import GapbridgeError
 from envs.racing.config import EnvConfig
-from envs.racing.effects import ActuatorEffects, DelayLine
+from envs.racing.effects import ActuatorEffects, DelayLine, jitter_steps, mean_jitter_ms
 from envs.racing.randomization import sample_world
 
 IRREGULAR_YAW_RATE = 0.2
@@ -146,7 +146,6 @@ def true_parameters(cfg: EnvConfig, world, effects_cfg) -> dict[str, float]:
     trim plus the car's own; loop latency: action plus camera latency plus the mean jitter)."""
     p = world.params
     ms = 1000.0 * cfg.dt_physics
-    jitter_steps = int(round(effects_cfg.latency_jitter_ms / ms))
     gain = float(p.steering_gain[0])
     trim = float(p.steering_offset[0]) + gain * math.radians(effects_cfg.steering_offset_deg)
     action, camera = float(world.action_latency[0]) * ms, float(world.camera_latency[0]) * ms
@@ -156,7 +155,7 @@ def true_parameters(cfg: EnvConfig, world, effects_cfg) -> dict[str, float]:
         "throttle_exponent": effects_cfg.throttle_exponent, "friction": float(p.friction[0]),
         "steering_deadband_deg": effects_cfg.steering_deadband_deg, "servo_rate_dps": effects_cfg.servo_rate_dps,
         "action_latency_ms": action, "camera_latency_ms": camera,
-        "loop_latency_ms": action + camera + 0.5 * jitter_steps * ms,
+        "loop_latency_ms": action + camera + mean_jitter_ms(effects_cfg.latency_jitter_ms, cfg.dt_physics),
         "battery_sag_per_minute": effects_cfg.battery_sag_per_minute,
     }  # fmt: skip
 
@@ -180,7 +179,7 @@ def drive_protocol(cfg: EnvConfig, protocol: Protocol, seed: int = 0) -> BenchDr
     if cfg.effects.active:
         effects = ActuatorEffects(cfg.effects, 1, cfg.dt_physics, cfg.car.max_speed, device)
         effects.reset(ids, gen)
-    jitter = int(round(cfg.effects.latency_jitter_ms / 1000.0 / cfg.dt_physics))
+    jitter = jitter_steps(cfg.effects.latency_jitter_ms, cfg.dt_physics)
     capacity = int(world.action_latency.max()) + int(world.camera_latency.max()) + jitter + 2
     action_delay, pose_delay = DelayLine(1, 2, capacity), DelayLine(1, 3, capacity)
     pose_delay.fill(physics.pose(), ids)

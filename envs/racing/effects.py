@@ -92,6 +92,17 @@ class EffectsConfig:
         return replace(self, randomize=False) != EffectsConfig()
 
 
+def jitter_steps(jitter_ms: float, dt_physics: float) -> int:
+    """The most whole physics substeps `effects.latency_jitter_ms` adds to a command's latency (rounded)."""
+    return int(round(jitter_ms / 1000.0 / dt_physics))
+
+
+def mean_jitter_ms(jitter_ms: float, dt_physics: float) -> float:
+    """The mean extra action latency of `effects.latency_jitter_ms` at full strength (ms): the env draws 0..k whole
+    substeps, k = `jitter_steps`, each equally likely."""
+    return 0.5 * jitter_steps(jitter_ms, dt_physics) * 1000.0 * dt_physics
+
+
 class ActuatorEffects:
     """Per-env state of the unmodeled actuation effects (battery charge used, servo position, effect strengths).
 
@@ -108,7 +119,7 @@ class ActuatorEffects:
         self.drive_seconds = torch.zeros(num_envs, device=device)  # session time: never reset between episodes
         self.strength = torch.ones(num_envs, 6, device=device)
         self.trim_sign = torch.ones(num_envs, device=device)
-        self.jitter_steps = int(round(cfg.latency_jitter_ms / 1000.0 / dt_physics))
+        self.jitter_steps = jitter_steps(cfg.latency_jitter_ms, dt_physics)
 
     def battery_gain(self) -> Tensor:
         if self.cfg.randomize:

@@ -10,7 +10,7 @@ import torch
 
 from envs.errors import ConfigError
 from envs.racing.config import EnvConfig
-from envs.racing.effects import ActuatorEffects, EffectsConfig
+from envs.racing.effects import ActuatorEffects, EffectsConfig, jitter_steps, mean_jitter_ms
 from envs.racing.env import RacingEnv
 from envs.racing.reality import VARIANTS, RealityConfig, reality_env_config
 from envs.racing.sensor import SensorConfig, SensorModel, vignette_gain
@@ -67,6 +67,17 @@ def test_latency_jitter_stays_in_range():
     base = torch.full((3,), 2, dtype=torch.long)
     draws = torch.stack([fx.latency(base, g) for _ in range(200)])
     assert draws.min().item() == 2 and draws.max().item() == 5
+
+
+@pytest.mark.parametrize("jitter_ms", [0.0, 20.0, 30.0, 50.0])
+def test_mean_jitter_is_the_mean_of_the_drawn_extra_latency(jitter_ms):
+    # the calibrated world takes this mean off its action latency: it must be what the env draws on average
+    fx = effects(latency_jitter_ms=jitter_ms)
+    g = torch.Generator().manual_seed(1)
+    base = torch.zeros(3, dtype=torch.long)
+    extra_ms = torch.stack([fx.latency(base, g) for _ in range(4000)]).float().mean() * 1000.0 * DT
+    assert fx.jitter_steps == jitter_steps(jitter_ms, DT) == round(jitter_ms * 60 / 1000)
+    assert extra_ms.item() == pytest.approx(mean_jitter_ms(jitter_ms, DT), abs=0.4)
 
 
 def test_effects_config_refuses_out_of_range():
