@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib import metadata
 
 import torch
 
@@ -39,3 +40,23 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA runs asynchronously), so that a timer sees it done."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_info(device: torch.device) -> dict:
+    """The device's name (the CPU's when not CUDA), and for CUDA its memory, compute capability and CUDA version."""
+    if device.type != "cuda":
+        return {"type": device.type, "name": machine()["processor"]}
+    props = torch.cuda.get_device_properties(device)
+    return {"type": "cuda", "name": torch.cuda.get_device_name(device), "memory_gib": props.total_memory / 2**30,
+            "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}  # fmt: skip
+
+
+def package_versions() -> dict:
+    """Installed versions of the packages a GPU-path figure depends on (None where one is missing)."""
+    found = {}
+    for name in ("torch", "genesis-world", "quadrants", "rsl-rl-lib", "triton", "numpy"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found

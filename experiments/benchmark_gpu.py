@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
@@ -43,7 +42,7 @@ from datasets.jobs import process_failure, run_process
 from envs.config_io import write_text_atomic
 from envs.console import make_console
 from envs.errors import ConfigError, check_range
-from envs.machine import check_device, machine, synchronize
+from envs.machine import check_device, device_info, machine, package_versions, synchronize
 from envs.racing.config import EnvConfig
 from experiments.cli import current_task, run
 
@@ -298,24 +297,6 @@ def student_measurement(cfg: GpuBenchConfig, out_dir: Path) -> list[dict]:
              "process_seconds": child["seconds"]} for r in report["results"]]  # fmt: skip
 
 
-def device_info(device: torch.device) -> dict:
-    if device.type != "cuda":
-        return {"type": device.type, "name": machine()["processor"]}
-    props = torch.cuda.get_device_properties(device)
-    return {"type": "cuda", "name": torch.cuda.get_device_name(device), "memory_gib": props.total_memory / 2**30,
-            "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda}  # fmt: skip
-
-
-def versions() -> dict:
-    found = {}
-    for name in ("torch", "genesis-world", "quadrants", "rsl-rl-lib", "triton", "numpy"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
 def comparison(report: dict) -> list[dict]:
     """One row per figure: its value, the peer's figure at the same size and the goal where there are such, and the
     measurement's status (a row without a value says why: skipped, error, timeout, or the teacher's target not
@@ -395,7 +376,7 @@ def main(cfg: GpuBenchConfig) -> dict:
         return {}
     console = make_console()
     out = Path(cfg.out)
-    report: dict = {"machine": machine(), "device": device_info(device), "versions": versions(),
+    report: dict = {"machine": machine(), "device": device_info(device), "versions": package_versions(),
                     "config": asdict(cfg), "peer": PEER, "goals": GOALS}  # fmt: skip
     for name in ("state", "camera", "genesis", "teacher", "student", "dagger"):
         report[name] = []
