@@ -1,17 +1,19 @@
 """The cube handover: the success test on scripted counter-examples, the shaping terms and the expert's face yaws by
-hand (pure tensors), config refusals by field name and the registration, then one Genesis env (4 envs) in which the
-scripted expert hands the cube over at nominal settings."""
+hand (pure tensors), the expert's stage read off hand-made states, config refusals by field name and the registration,
+then one Genesis env (4 envs) in which the scripted expert hands the cube over at nominal settings and a fresh expert
+taking over mid-episode acts as the one that ran from the start."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from envs.bimanual.config import RandomizationConfig
 from envs.bimanual.handover import HandoverConfig
-from envs.bimanual.handover_expert import HandoverExpertConfig, face_yaw
+from envs.bimanual.handover_expert import STAGES, HandoverExpertConfig, face_yaw, infer_stage
 from envs.bimanual.handover_success import (
     HandoverGoal,
     giver_released,
@@ -155,6 +157,62 @@ def env():
     env.close()
 
 
+def stage_of(cube=(-0.28, 0.0, 0.02), giver=(-0.35, 0.05, 0.10), receiver=(0.13, 0.0, 0.024), touch=(0, 0, 0, 0),
+             told=(2.0, 2.0), width=(0.08, 0.08), giver_yaw=0.0) -> str:  # fmt: skip
+    """The expert's stage of one hand-made state: the cube's centre (a 4 cm cube, at rest at z 0.02, square to the
+    table), the giver's and receiver's TCPs, the four finger contacts (giver's two, receiver's two), the finger forces
+    last told (N), the grippers' openings (m) and the giver's yaw target (rad)."""
+    lo, hi = -6.0, 2.0
+    prev = torch.zeros(1, 10)
+    prev[0, 4], prev[0, 9] = (2.0 * (torch.tensor(told) - lo) / (hi - lo) - 1.0).tolist()
+    ctrl = SimpleNamespace(
+        cfg=SimpleNamespace(finger_force_range=(lo, hi)), target_yaw=torch.tensor([[giver_yaw, 0.0]])
+    )
+    env = SimpleNamespace(
+        rest_height=0.02, object_size=0.04, prev_action=prev, num_envs=1, cfg=SimpleNamespace(goal=GOAL), ctrl=ctrl
+    )
+    qpos = torch.zeros(1, 2, 9)
+    qpos[0, :, -2:] = torch.tensor(width)[:, None] / 2
+    s = {
+        "object_pose": torch.tensor([[*cube, 1.0, 0.0, 0.0, 0.0]]),
+        "tcp_pos": torch.tensor([[giver, receiver]]),
+        "finger_touch": torch.tensor(touch, dtype=torch.bool).view(1, 2, 2),
+        "qpos": qpos,
+        "giver_open": torch.tensor([width[0]]),
+    }
+    return STAGES[int(infer_stage(env, s, HandoverExpertConfig())[0])]
+
+
+DOWN = (0.03, 0.0, 0.024)  # a TCP down at the handoff point
+HELD = {"touch": (1, 1, 0, 0), "told": (-5.0, 2.0), "width": (0.04, 0.08)}  # the giver holds the cube
+HANDED = {"touch": (0, 0, 1, 1), "told": (2.0, -5.0), "width": (0.08, 0.04)}  # the receiver holds it, the giver let go
+STAGE_CASES = [
+    ({}, "approach"),
+    ({"giver": (-0.28, 0.0, 0.08)}, "descend"),
+    ({"giver": (-0.28, 0.0, 0.08), "giver_yaw": 0.5}, "approach"),  # over the cube, not turned to its faces
+    ({"giver": (-0.28, 0.0, 0.024)}, "close"),
+    ({"giver": (-0.28, 0.0, 0.03), "told": (-2.0, 2.0), "width": (0.06, 0.08)}, "close"),  # still closing
+    ({"giver": (-0.28, 0.0, 0.03), "told": (-5.0, 2.0), "width": (0.01, 0.08)}, "descend"),  # shut on nothing: again
+    ({"giver": (-0.28, 0.0, 0.03), **HELD}, "carry"),
+    ({"giver": (-0.28, 0.0, 0.03), **HELD, "told": (-1.0, 2.0)}, "close"),  # not yet squeezed: no hold
+    ({"cube": (-0.1, 0.0, 0.06), "giver": (-0.1, 0.0, 0.045), **HELD, "touch": (1, 0, 0, 0)}, "close"),  # one finger
+    ({"cube": (0.03, 0.0, 0.06), "giver": (0.03, 0.0, 0.045), **HELD}, "lower"),
+    ({"cube": (0.03, 0.0, 0.04), "giver": DOWN, **HELD}, "release"),  # held high in the fingers: dropped from there
+    ({"cube": (0.03, 0.0, 0.02), "giver": DOWN, "touch": (1, 0, 0, 0), "width": (0.05, 0.08)}, "release"),  # opening
+    ({"cube": (0.03, 0.0, 0.02), "giver": (-0.1, 0.0, 0.05)}, "swap"),
+    ({"cube": (0.03, 0.0, 0.02), "giver": (-0.1, 0.0, 0.05), "receiver": DOWN}, "receive"),
+    ({"cube": (0.03, 0.0, 0.02), "giver": (-0.1, 0.0, 0.05), "receiver": DOWN, **HANDED}, "deliver"),
+    ({"cube": (0.1, 0.0, 0.15), "giver": (-0.1, 0.0, 0.05), "receiver": (0.1, 0.0, 0.135), **HANDED}, "deliver"),
+    ({"cube": (0.1, 0.0, 0.15), **HELD, "giver": (0.1, 0.0, 0.13), "touch": (1, 1, 1, 1)}, "carry"),  # both hold it
+    ({"cube": (0.12, 0.05, 0.02), "giver": (-0.1, 0.0, 0.05)}, "approach"),  # dropped off the handoff point
+]
+
+
+@pytest.mark.parametrize(("state", "stage"), STAGE_CASES)
+def test_the_expert_reads_its_stage_off_the_state(state, stage):
+    assert stage_of(**state) == stage
+
+
 @pytest.mark.genesis
 def test_the_scripted_expert_hands_the_cube_over_at_nominal_settings(env):
     from envs.bimanual.env import FACTOR_NAMES
@@ -182,3 +240,23 @@ def test_the_handover_teacher_presets_build_for_their_task():
     for _, cfg in HANDOVER_PRESETS.values():
         assert task_of_config(cfg.env).name == "bimanual-handover"
         assert cfg.warm_start.expert_steps > 0 and not cfg.env.observations.camera
+
+
+@pytest.mark.genesis
+def test_a_fresh_expert_taking_over_mid_episode_acts_as_the_one_that_ran_from_the_start(env):
+    # the stage is the state's, not the expert's memory: DAgger's expert labels a clone's states this way
+    from envs.bimanual.handover_expert import HandoverExpert
+
+    env.generator.manual_seed(5)
+    obs, _ = env.reset()
+    expert = HandoverExpert(env)
+    seen = set()
+    for t in range(110):
+        action = expert.act(obs)
+        seen.update(expert.stage.tolist())
+        if t % 10 == 9:
+            fresh = HandoverExpert(env)
+            assert torch.equal(fresh.act(obs), action), t
+            assert torch.equal(fresh.stage, expert.stage)
+        obs, *_ = env.step(action)
+    assert {STAGES.index(k) for k in ("approach", "carry", "swap")} <= seen, seen
