@@ -28,7 +28,7 @@ from torch import Tensor
 
 from envs.bimanual.control import BASE_YAW, clamp_norm, quat_rotate, wrap_angle
 from envs.bimanual.handover import HandoverEnv
-from envs.bimanual.handover_success import GIVER, RECEIVER
+from envs.bimanual.handover_success import GIVER, RECEIVER, giver_released
 from envs.errors import check_range
 
 STAGES = ("approach", "descend", "close", "carry", "lower", "release", "swap", "receive", "deliver")
@@ -106,6 +106,11 @@ def face_yaw(quat: Tensor) -> Tensor:
     return torch.remainder(rel + math.pi / 4, math.pi / 2) - math.pi / 4
 
 
+def close_height(rest: float, cfg: HandoverExpertConfig) -> float:
+    """The TCP's height where a gripper closes on the cube or sets it down (m), for a cube resting at `rest`."""
+    return max(rest + cfg.grasp_height, cfg.min_grasp_height)
+
+
 def finger_forces(env: HandoverEnv) -> Tensor:
     """`(N, 2)` the finger force each arm was last told (N), from the env's last action."""
     lo, hi = env.ctrl.cfg.finger_force_range
@@ -130,7 +135,7 @@ def infer_stage(env: HandoverEnv, s: dict[str, Tensor], cfg: HandoverExpertConfi
     cube, tcp, touch = s["object_pose"][:, :3], s["tcp_pos"], s["finger_touch"]
     force = finger_forces(env)
     rest = env.rest_height
-    grasp_z = max(rest + cfg.grasp_height, cfg.min_grasp_height)
+    grasp_z = close_height(rest, cfg)
     grasp = torch.cat([cube[:, :2], torch.full((len(cube), 1), grasp_z)], -1)
     full = force <= 0.6 * cfg.finger_force  # (N, 2) told most of the closing force (a clone's is never exact)
     holds = touch.all(-1) & full  # (N, 2)
@@ -138,7 +143,7 @@ def infer_stage(env: HandoverEnv, s: dict[str, Tensor], cfg: HandoverExpertConfi
     at_grasp = (tcp - grasp[:, None]).norm(dim=-1) <= cfg.arrive_tol  # (N, 2)
     at_handoff = (cube[:, :2] - torch.tensor(cfg.handoff)).norm(dim=-1) <= cfg.handoff_tol
     resting = cube[:, 2] <= rest + cfg.rest_tol
-    let_go = ~touch[:, GIVER].any(-1) & (s["giver_open"] >= env.cfg.goal.min_giver_open)
+    let_go = giver_released(touch[:, GIVER], s["giver_open"], env.cfg.goal.min_giver_open)
     over = (tcp[:, GIVER, :2] - cube[:, :2]).norm(dim=-1) <= cfg.align_tol
     square = face_yaw(s["object_pose"][:, 3:])[:, GIVER]
     turned = wrap_angle(env.ctrl.target_yaw[:, GIVER] - square).abs() <= cfg.yaw_tol
@@ -188,7 +193,7 @@ class HandoverExpert:
         handoff = torch.tensor([*cfg.handoff, rest]).expand(n, 3)
         lifted = torch.tensor([0.0, 0.0, cfg.carry_height])
 
-        grasp_z = max(rest + cfg.grasp_height, cfg.min_grasp_height)
+        grasp_z = close_height(rest, cfg)
         grasp = torch.cat([cube[:, :2], torch.full((n, 1), grasp_z)], -1)  # where a gripper closes on the cube
         giver = torch.where(at["approach"], cube + torch.tensor([0.0, 0.0, cfg.approach_height]), grasp)
         giver = torch.where(at["carry"], handoff + lifted, giver)
