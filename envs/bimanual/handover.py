@@ -13,6 +13,7 @@ geometry per env) and is reported in the `env_factors` group like the bar's leng
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -25,7 +26,14 @@ from envs.bimanual.config import (
     nominal,
 )
 from envs.bimanual.env import FACTOR_BOUNDS, REACH_SCALE, BimanualEnv, scene_config, uniform
-from envs.bimanual.handover_success import GIVER, RECEIVER, HandoverGoal, handover_conditions, handover_terms
+from envs.bimanual.handover_success import (
+    GIVER,
+    RECEIVER,
+    HandoverGoal,
+    beyond_best,
+    handover_conditions,
+    handover_terms,
+)
 from envs.bimanual.scene import SceneConfig
 from envs.errors import ConfigError, check_range
 from envs.genesis_import import GenesisConfig
@@ -38,7 +46,16 @@ HANDOVER_REWARD = {
     "reach": 0.5, "grasp": 1.0, "carry": 2.0, "receiver_reach": 0.5, "receiver_grasp": 1.0, "release": 1.0,
     "lift": 2.0, "hold": 2.0, "success": 20.0, "action": 0.01,
 }  # fmt: skip
-"""weights of the per-step reward terms"""
+"""weights of the per-step reward terms (`reward="shaped"`), per second"""
+HANDOVER_PROGRESS = {
+    "reach": 1.0, "grasp": 2.0, "carry": 4.0, "receiver_reach": 1.0, "receiver_grasp": 2.0, "release": 4.0,
+    "lift": 4.0,
+}  # fmt: skip
+"""what `reward="progress"` pays for each shaping term's rise beyond its best so far: a term's whole range once per
+episode"""
+PROGRESS_STEP_REWARD = {"hold": 2.0, "success": 20.0, "action": 0.01}
+"""the per-step terms `reward="progress"` keeps (per second, as `HANDOVER_REWARD`'s)"""
+Reward = Literal["progress", "shaped"]
 
 
 def handover_randomization() -> RandomizationConfig:
@@ -70,6 +87,10 @@ class HandoverConfig:
     """x of the middle of the cube's start region (m): on the giver's side, out of the receiver's reach"""
     start_y: float = 0.0
     """y of the middle of the cube's start region (m)"""
+    reward: Reward = "progress"
+    """`progress`: each shaping term (`handover_terms`) pays only its rise beyond its best so far in the episode
+    (`HANDOVER_PROGRESS`), plus the hold, success and action terms per step; `shaped`: every term per step
+    (`HANDOVER_REWARD`), which pays less while the receiver grips and the giver has not yet let go"""
     max_latency: int = 4
     """capacity of the action latency buffer (physics steps): the most `randomization.action_latency` may draw"""
     randomization: RandomizationConfig = field(default_factory=handover_randomization)
@@ -97,6 +118,8 @@ class HandoverConfig:
         check_range("env.start_y", self.start_y, -0.15, 0.15)
         check_range("env.max_latency", self.max_latency, 0, 100)
         check_range("env.error_speed", self.error_speed, 1.0, 1000.0)
+        if self.reward not in get_args(Reward):
+            raise ConfigError(f"env.reward={self.reward!r} is not one of {get_args(Reward)}")
         rnd = self.randomization
         check_latency_buffer(self)
         if rnd.camera_latency[1] > 0 and not self.observations.camera:
@@ -129,6 +152,14 @@ class HandoverEnv(BimanualEnv):
 
     factor_bounds = HANDOVER_FACTOR_BOUNDS
     cfg: HandoverConfig
+
+    def __init__(self, cfg: HandoverConfig) -> None:
+        self.best = torch.zeros(cfg.num_envs, len(HANDOVER_PROGRESS))  # each term's best since reset (`progress`)
+        super().__init__(cfg)  # which resets every env
+
+    def _reset_idx(self, ids: Tensor) -> None:
+        super()._reset_idx(ids)
+        self.best[ids] = 0.0
 
     @property
     def hold_steps(self) -> int:
@@ -176,8 +207,20 @@ class HandoverEnv(BimanualEnv):
             s["object_pose"][:, :3], s["tcp_pos"], s["finger_touch"], s["giver_open"], self.cfg.goal,
             self.carry_start_x, self.rest_height, REACH_SCALE,
         )  # fmt: skip
-        terms.update(hold=ok.float(), success=success.float(), action=-a.square().mean(-1))
-        return sum(HANDOVER_REWARD[k] * v for k, v in terms.items()) * self.cfg.control_dt
+        steps = {"hold": ok.float(), "success": success.float(), "action": -a.square().mean(-1)}
+        if self.cfg.reward == "shaped":
+            terms.update(steps)
+            return sum(HANDOVER_REWARD[k] * v for k, v in terms.items()) * self.cfg.control_dt
+        rise, self.best = beyond_best(torch.stack([terms[k] for k in HANDOVER_PROGRESS], -1), self.best)
+        per_step = sum(PROGRESS_STEP_REWARD[k] * v for k, v in steps.items()) * self.cfg.control_dt
+        return rise @ torch.tensor(list(HANDOVER_PROGRESS.values())) + per_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best": self.best.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.best = state["best"].clone() if "best" in state else torch.zeros_like(self.best)
 
 
 def nominal_handover(cfg: HandoverConfig) -> HandoverConfig:

@@ -132,3 +132,14 @@ def handover_terms(
         "release": handed.float(),
         "lift": handed.float() * progress(pos[:, 2], rest_height, centre[2]),
     }
+
+
+def beyond_best(terms: Tensor, best: Tensor) -> tuple[Tensor, Tensor]:
+    """Progress beyond the best so far: each term's rise above the highest value it has had since its env's reset.
+
+    `terms` and `best` are `(N, K)` (K terms in [0, 1], `best` the running maxima). Returns the rise `(N, K)` (zero
+    wherever a term is at or below its best) and the updated maxima. Summed over an episode a term pays its highest
+    value once: falling back costs nothing and regaining what was lost pays nothing, so letting go of the cube at the
+    handoff point (which the shaping terms above pay less for until the receiver has it) is never a loss, and no back
+    and forth between two states is ever worth anything."""
+    return (terms - best).clamp(min=0.0), torch.maximum(best, terms)

@@ -16,6 +16,7 @@ from envs.bimanual.handover import HandoverConfig
 from envs.bimanual.handover_expert import STAGES, HandoverExpertConfig, face_yaw, infer_stage
 from envs.bimanual.handover_success import (
     HandoverGoal,
+    beyond_best,
     giver_released,
     handover_conditions,
     handover_success_over,
@@ -103,6 +104,52 @@ def test_shaping_terms_by_hand():
         assert terms[name][1].item() == pytest.approx(1.0), name
 
 
+def test_progress_beyond_the_best_pays_each_term_its_highest_value_once():
+    values = torch.tensor([0.2, 0.5, 0.3, 0.5, 0.9, 0.1, 0.9])
+    best, paid = torch.zeros(1, 1), []
+    for v in values:
+        rise, best = beyond_best(v.reshape(1, 1), best)
+        paid.append(rise.item())
+    assert paid == pytest.approx([0.2, 0.3, 0.0, 0.0, 0.4, 0.0, 0.0]), "falling back and regaining pay nothing"
+    assert sum(paid) == pytest.approx(0.9) and best.item() == pytest.approx(0.9)
+
+
+def test_with_the_progress_reward_letting_go_at_the_handoff_point_is_never_a_loss():
+    """At the handoff point the shaped reward pays less per step once the receiver grips while the giver still holds
+    (the giver's terms stop, the release has not come); progress beyond the best never pays less for going on."""
+    from envs.bimanual.handover import HANDOVER_PROGRESS, HANDOVER_REWARD
+
+    handoff, start = (0.05, 0.0, 0.15), (-0.30, 0.0, 0.02)
+    giver_tcp, receiver_tcp, far = (0.05, 0.0, 0.15), (0.05, 0.0, 0.15), (0.4, 0.0, 0.4)
+    states = [  # cube, giver's and receiver's TCP, fingers (giver, receiver), giver's opening
+        (start, giver_tcp, far, ((True, True), (False, False)), 0.0),
+        (handoff, giver_tcp, far, ((True, True), (False, False)), 0.0),  # carried to the handoff point
+        (handoff, giver_tcp, receiver_tcp, ((True, True), (True, True)), 0.0),  # the receiver grips too
+        (handoff, giver_tcp, receiver_tcp, ((False, False), (True, True)), 0.08),  # the giver has let go
+    ]
+
+    def terms_of(i):
+        cube, g, r, touch, opening = states[i]
+        return handover_terms(
+            torch.tensor([cube]), torch.tensor([[g, r]]), torch.tensor([touch]), torch.tensor([opening]), GOAL,
+            start_x=-0.30, rest_height=0.02, reach_scale=0.05,
+        )  # fmt: skip
+
+    shaped = [sum(HANDOVER_REWARD[k] * v.item() for k, v in terms_of(i).items()) for i in range(len(states))]
+    assert shaped[2] < shaped[1], "the shaped reward's dip the progress reward removes"
+    w = torch.tensor(list(HANDOVER_PROGRESS.values()))
+    best, paid = torch.zeros(1, len(w)), []
+    for i in range(len(states)):
+        rise, best = beyond_best(torch.stack([terms_of(i)[k] for k in HANDOVER_PROGRESS], -1), best)
+        paid.append((rise @ w).item())
+    assert min(paid) >= 0.0 and paid[2] > 0.0 and paid[3] > 0.0, paid
+    stay = torch.zeros(1, len(w)), 0.0  # the giver keeps the cube at the handoff point: pays only what it first did
+    for i in (0, 1, 1, 1):
+        rise, b = beyond_best(torch.stack([terms_of(i)[k] for k in HANDOVER_PROGRESS], -1), stay[0])
+        stay = b, stay[1] + (rise @ w).item()
+    assert sum(paid) > stay[1] + 4.0, "handing over pays at least the release's weight more than holding on"
+
+
 def test_face_yaws_turn_each_hand_square_to_the_cube():
     half = torch.tensor([0.3, 1.0, -0.9]) / 2
     quat = torch.stack([torch.cos(half), torch.zeros(3), torch.zeros(3), torch.sin(half)], -1)
@@ -118,6 +165,7 @@ def test_face_yaws_turn_each_hand_square_to_the_cube():
         (lambda: HandoverGoal(min_giver_open=0.01), "goal.min_giver_open"),
         (lambda: HandoverConfig(cube_size=0.03), "env.cube_size"),
         (lambda: HandoverConfig(start_x=0.1), "env.start_x"),
+        (lambda: HandoverConfig(reward="sparse"), "env.reward"),
         (lambda: HandoverConfig(randomization=RandomizationConfig(com_shift=(-0.02, 0.02))), "randomization.com_shift"),
         (lambda: HandoverConfig(randomization=RandomizationConfig(action_latency=(0, 8))), "action_latency"),
         (lambda: HandoverConfig(episode_seconds=1.0), "goal.hold_seconds"),
@@ -260,3 +308,27 @@ def test_a_fresh_expert_taking_over_mid_episode_acts_as_the_one_that_ran_from_th
             assert torch.equal(fresh.stage, expert.stage)
         obs, *_ = env.step(action)
     assert {STAGES.index(k) for k in ("approach", "carry", "swap")} <= seen, seen
+
+
+@pytest.mark.genesis
+def test_the_progress_reward_keeps_each_envs_best_since_its_reset(env):
+    from envs.bimanual.env import REACH_SCALE
+    from envs.bimanual.handover import HANDOVER_PROGRESS
+    from envs.bimanual.handover_expert import HandoverExpert
+
+    assert env.cfg.reward == "progress"
+    obs, _ = env.reset()
+    expert, best = HandoverExpert(env), torch.zeros(N, len(HANDOVER_PROGRESS))
+    for _ in range(60):
+        obs, _, dones, _ = env.step(expert.act(obs))
+        assert not dones.any()
+        s = env._state
+        terms = handover_terms(s["object_pose"][:, :3], s["tcp_pos"], s["finger_touch"], s["giver_open"], env.cfg.goal,
+                               env.carry_start_x, env.rest_height, REACH_SCALE)  # fmt: skip
+        best = torch.maximum(best, torch.stack([terms[k] for k in HANDOVER_PROGRESS], -1))
+    assert torch.allclose(env.best, best) and (best[:, list(HANDOVER_PROGRESS).index("carry")] > 0.3).all()
+    saved = env.state_dict()
+    env._reset_idx(torch.tensor([0]))
+    assert (env.best[0] == 0).all() and torch.equal(env.best[1:], best[1:]), "a masked reset clears only its env"
+    env.load_state_dict(saved)
+    assert torch.equal(env.best, best)
