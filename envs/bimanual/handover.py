@@ -58,6 +58,13 @@ PROGRESS_STEP_REWARD = {"hold": 2.0, "success": 20.0, "action": 0.01}
 Reward = Literal["progress", "shaped"]
 
 
+def progress_pay(terms: dict[str, Tensor], best: Tensor) -> tuple[Tensor, Tensor]:
+    """`reward="progress"`'s shaping: `(N,)` what the terms `handover_terms` returned pay this step beyond their best
+    so far `best` `(N, len(HANDOVER_PROGRESS))`, weighted by `HANDOVER_PROGRESS`, and the updated bests."""
+    rise, best = beyond_best(torch.stack([terms[k] for k in HANDOVER_PROGRESS], -1), best)
+    return rise @ torch.tensor(list(HANDOVER_PROGRESS.values())), best
+
+
 def handover_randomization() -> RandomizationConfig:
     """The handover's default ranges: a lighter object than the bar, the cube's centre of mass within 6 mm of its
     middle (allowed for every cube size), its start within 5 cm of the start point, at any yaw (a cube repeats every
@@ -211,9 +218,8 @@ class HandoverEnv(BimanualEnv):
         if self.cfg.reward == "shaped":
             terms.update(steps)
             return sum(HANDOVER_REWARD[k] * v for k, v in terms.items()) * self.cfg.control_dt
-        rise, self.best = beyond_best(torch.stack([terms[k] for k in HANDOVER_PROGRESS], -1), self.best)
-        per_step = sum(PROGRESS_STEP_REWARD[k] * v for k, v in steps.items()) * self.cfg.control_dt
-        return rise @ torch.tensor(list(HANDOVER_PROGRESS.values())) + per_step
+        pay, self.best = progress_pay(terms, self.best)
+        return pay + sum(PROGRESS_STEP_REWARD[k] * v for k, v in steps.items()) * self.cfg.control_dt
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "best": self.best.clone()}

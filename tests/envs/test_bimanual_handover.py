@@ -117,7 +117,7 @@ def test_progress_beyond_the_best_pays_each_term_its_highest_value_once():
 def test_with_the_progress_reward_letting_go_at_the_handoff_point_is_never_a_loss():
     """At the handoff point the shaped reward pays less per step once the receiver grips while the giver still holds
     (the giver's terms stop, the release has not come); progress beyond the best never pays less for going on."""
-    from envs.bimanual.handover import HANDOVER_PROGRESS, HANDOVER_REWARD
+    from envs.bimanual.handover import HANDOVER_PROGRESS, HANDOVER_REWARD, progress_pay
 
     handoff, start = (0.05, 0.0, 0.15), (-0.30, 0.0, 0.02)
     giver_tcp, receiver_tcp, far = (0.05, 0.0, 0.15), (0.05, 0.0, 0.15), (0.4, 0.0, 0.4)
@@ -137,17 +137,18 @@ def test_with_the_progress_reward_letting_go_at_the_handoff_point_is_never_a_los
 
     shaped = [sum(HANDOVER_REWARD[k] * v.item() for k, v in terms_of(i).items()) for i in range(len(states))]
     assert shaped[2] < shaped[1], "the shaped reward's dip the progress reward removes"
-    w = torch.tensor(list(HANDOVER_PROGRESS.values()))
-    best, paid = torch.zeros(1, len(w)), []
-    for i in range(len(states)):
-        rise, best = beyond_best(torch.stack([terms_of(i)[k] for k in HANDOVER_PROGRESS], -1), best)
-        paid.append((rise @ w).item())
+
+    def pays(order):
+        best, paid = torch.zeros(1, len(HANDOVER_PROGRESS)), []
+        for i in order:
+            pay, best = progress_pay(terms_of(i), best)
+            paid.append(pay.item())
+        return paid
+
+    paid = pays(range(len(states)))
     assert min(paid) >= 0.0 and paid[2] > 0.0 and paid[3] > 0.0, paid
-    stay = torch.zeros(1, len(w)), 0.0  # the giver keeps the cube at the handoff point: pays only what it first did
-    for i in (0, 1, 1, 1):
-        rise, b = beyond_best(torch.stack([terms_of(i)[k] for k in HANDOVER_PROGRESS], -1), stay[0])
-        stay = b, stay[1] + (rise @ w).item()
-    assert sum(paid) > stay[1] + 4.0, "handing over pays at least the release's weight more than holding on"
+    stay = sum(pays((0, 1, 1, 1)))  # the giver keeps the cube at the handoff point: pays only what it first did
+    assert sum(paid) > stay + 4.0, "handing over pays at least the release's weight more than holding on"
 
 
 def test_face_yaws_turn_each_hand_square_to_the_cube():
